@@ -1,0 +1,1 @@
+"""The Gradio app, the CLI, the batch runner and benchmarks (nothing heavy at import)."""

@@ -1,0 +1,331 @@
+"""The `specgen` command line.
+
+`--help` and argument errors must answer fast and load no torch, so this module imports only the standard
+library, `specgen.errors` and the torch-free method registry; each command imports what it needs when it runs.
+Every error, from argparse or from a command, is exit code 2 and one line `error: ...` on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+from specgen import __version__
+from specgen.errors import InvalidRequest, NotAvailable, SpecgenError
+from specgen.samplers import registry
+
+EXIT_USAGE = 2  # every SpecgenError and every argument error
+PEER_METHODS = ("hf", "hf-assisted", "hf-prompt-lookup")  # Hugging Face baselines, text bench only
+MAX_SEED = 2**63 - 1  # seeds key a counter-based generator through int64 tensors
+
+
+def _one_line(message: object) -> str:
+    return " ".join(str(message).split())
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but an error is one `error:` line and exit 2 (no usage dump); subparsers inherit this."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"error: {_one_line(message)}\n")
+
+
+# ---- value checks (argparse `type=` callables; ArgumentTypeError keeps our message) -----------------------------
+
+def _int_at_least(lowest: int, highest: int | None = None):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < lowest or (highest is not None and value > highest):
+            bound = f"between {lowest} and {highest}" if highest is not None else f">= {lowest}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+    return parse
+
+
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
+    return value
+
+
+def _temperature(text: str) -> float:
+    value = _finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0 means greedy), got {value:g}")
+    return value
+
+
+def _top_p(text: str) -> float:
+    value = _finite_float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value:g}")
+    return value
+
+
+def _non_empty(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def _existing_file(text: str) -> Path:
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text}" if not path.exists() else f"not a file: {text}")
+    if not os.access(path, os.R_OK):
+        raise argparse.ArgumentTypeError(f"cannot read {text}")
+    return path
+
+
+def _output_path(*suffixes: str):
+    """An output file whose folder exists (so a long run cannot fail at the end), with one of `suffixes`."""
+    def parse(text: str) -> Path:
+        path = Path(text)
+        if suffixes and path.suffix.lower() not in suffixes:
+            raise argparse.ArgumentTypeError(f"{text!r} must end in {' or '.join(suffixes)}")
+        if path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} is a directory")
+        if not path.parent.is_dir():
+            raise argparse.ArgumentTypeError(f"folder {str(path.parent)!r} does not exist")
+        return path
+    return parse
+
+
+def _method(modality: str):
+    def parse(name: str) -> str:
+        if not registry.method_names(modality):
+            raise argparse.ArgumentTypeError(f"no {modality} methods are available in specgen {__version__} yet")
+        try:
+            return registry.get_method(modality, name).name
+        except InvalidRequest as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
+
+
+def _method_list(modality: str):
+    """`--methods a,b,c` for bench: known names (plus the Hugging Face peers for text), no repeats."""
+    known = registry.method_names(modality) + (list(PEER_METHODS) if modality == "text" else [])
+
+    def parse(text: str) -> list[str]:
+        if not known:
+            raise argparse.ArgumentTypeError(f"no {modality} methods are available in specgen {__version__} yet")
+        names = [name.strip() for name in text.split(",")]
+        if not all(names):
+            raise argparse.ArgumentTypeError(f"expected comma-separated method names, got {text!r}")
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {modality} method(s) {', '.join(unknown)}; "
+                                             f"choose from: {', '.join(known)}")
+        if len(set(names)) != len(names):
+            raise argparse.ArgumentTypeError(f"a method is listed twice in {text!r}")
+        return names
+    return parse
+
+
+def _method_help(modality: str) -> str:
+    names = registry.method_names(modality)
+    return f"one of: {', '.join(names)}" if names else "none available yet"
+
+
+# ---- the parser --------------------------------------------------------------------------------------------------
+
+def _threads_option(parser: argparse.ArgumentParser, default) -> None:
+    parser.add_argument("--threads", type=_int_at_least(1), default=default, metavar="N",
+                        help="torch threads for decoding (default: $SPECGEN_THREADS or 1)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="specgen", allow_abbrev=False,
+                     description="One draft-verify engine for faster generation of text, image/video and speech tokens.")
+    parser.add_argument("--version", action="version", version=f"specgen {__version__}")
+    _threads_option(parser, default=None)
+    # `--threads` is also accepted after the command; SUPPRESS keeps the global value when it is not repeated there.
+    common = _Parser(add_help=False, allow_abbrev=False)
+    _threads_option(common, default=argparse.SUPPRESS)
+
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    def command(sub, name: str, help_text: str, full_name: str, handler=None) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text, parents=[common], allow_abbrev=False)
+        p.set_defaults(handler=handler, full_name=full_name)
+        return p
+
+    demo = command(commands, "demo", "the Gradio web demo", "demo")
+    demo.add_argument("--host", default="127.0.0.1", type=_non_empty, help="default: 127.0.0.1")
+    demo.add_argument("--port", type=_int_at_least(1, 65535), default=7860, help="default: 7860")
+
+    generate = commands.add_parser("generate", help="generate text, an image, a video or speech",
+                                   description="Generate with a draft-verify method.")
+    kinds = generate.add_subparsers(dest="modality", metavar="MODALITY", required=True)
+    for modality in registry.MODALITIES:
+        p = command(kinds, modality, f"generate {modality}", f"generate {modality}")
+        if modality == "speech":
+            p.add_argument("--text", required=True, type=_non_empty, help="the text to speak")
+        elif modality == "text":
+            p.add_argument("--prompt", required=True, type=_non_empty, help="the prompt to continue")
+        else:
+            source = p.add_mutually_exclusive_group(required=True)
+            source.add_argument("--prompt", type=_non_empty, help="text prompt")
+            source.add_argument("--class", dest="class_label", type=_non_empty, metavar="C",
+                                help="class label, for class-conditional models")
+        p.add_argument("--method", type=_method(modality), help=_method_help(modality))
+        if modality == "text":
+            p.add_argument("--model", help="target: a Hugging Face causal LM path or id available offline")
+            p.add_argument("--draft", help="draft model path or id (methods with a draft model)")
+            p.add_argument("--max-new-tokens", type=_int_at_least(1), default=128, metavar="N",
+                           help="default: 128")
+            p.add_argument("--temperature", type=_temperature, default=1.0, metavar="T",
+                           help="0 means greedy (default: 1.0)")
+            p.add_argument("--top-p", type=_top_p, default=1.0, metavar="P",
+                           help="nucleus mass in (0, 1] (default: 1.0)")
+            p.add_argument("--num-samples", type=_int_at_least(1), default=1, metavar="N",
+                           help="independent samples, batched internally (default: 1)")
+            p.add_argument("--trace", type=_output_path(), metavar="FILE", help="write the step events as JSON Lines")
+        else:
+            suffix = {"image": ".png", "video": ".gif", "speech": ".wav"}[modality]
+            p.add_argument("--out", required=True, type=_output_path(suffix), metavar=f"FILE{suffix}")
+        p.add_argument("--seed", type=_int_at_least(0, MAX_SEED), default=0, help="default: 0")
+        p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    bench = commands.add_parser("bench", help="benchmark methods side by side",
+                                description="Benchmark methods side by side on the same prompts.")
+    kinds = bench.add_subparsers(dest="modality", metavar="MODALITY", required=True)
+    for modality in registry.MODALITIES:
+        p = command(kinds, modality, f"benchmark {modality} methods", f"bench {modality}")
+        p.add_argument("--methods", type=_method_list(modality), metavar="A,B,C", help="default: all")
+        p.add_argument("--prompts", type=_existing_file, metavar="FILE",
+                       help=f"JSON Lines (default: benchmarks/prompts/{modality}.jsonl)")
+        p.add_argument("--max-new-tokens", type=_int_at_least(1), metavar="N", help="default: per modality")
+        p.add_argument("--repeats", type=_int_at_least(1), default=1, metavar="R", help="default: 1")
+        p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    batch = command(commands, "batch", "run a JSON Lines file of requests", "batch")
+    batch.add_argument("--input", required=True, type=_existing_file, metavar="IN.jsonl",
+                       help='one request per line: {"id", "modality", "prompt"|"class"|"text", ...}')
+    batch.add_argument("--output", required=True, type=_output_path(), metavar="OUT.jsonl",
+                       help="results, one line per request; ids already there are skipped on a rerun")
+    batch.add_argument("--engine", choices=("local", "ray"), default="local", help="default: local")
+
+    train = commands.add_parser("train", help="train a model (resumes from checkpoints)",
+                                description="Train a target or draft model; every trainer resumes from its checkpoints.")
+    kinds = train.add_subparsers(dest="what", metavar="WHAT", required=True)
+    for what in ("text", "draft", "image", "speech"):
+        p = command(kinds, what, f"train the {what} model", f"train {what}")
+        p.add_argument("--out", type=Path, metavar="DIR", help="checkpoint folder (resumed when it holds one)")
+        p.add_argument("--steps", type=_int_at_least(1), metavar="N", help="optimiser steps (default: the recipe's)")
+        p.add_argument("--seed", type=_int_at_least(0, MAX_SEED), default=0, help="default: 0")
+
+    selfcheck = command(commands, "selfcheck", "check the exact core against its enumerated distributions",
+                        "selfcheck", handler=_selfcheck)
+    selfcheck.add_argument("--seed", type=_int_at_least(0, MAX_SEED), default=0, help="default: 0")
+    selfcheck.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    return parser
+
+
+# ---- checks that need more than one argument or the file system --------------------------------------------------
+
+def _check(args: argparse.Namespace) -> None:
+    if args.threads is None:
+        env = os.environ.get("SPECGEN_THREADS", "").strip()
+        try:
+            args.threads = _int_at_least(1)(env) if env else 1
+        except argparse.ArgumentTypeError as exc:
+            raise InvalidRequest(f"SPECGEN_THREADS: {exc}") from None
+    if args.full_name == "batch":
+        if args.output.resolve() == args.input.resolve():
+            raise InvalidRequest("--output must differ from --input")
+        _check_jsonl(args.input)
+
+
+def _check_jsonl(path: Path) -> None:
+    """Every non-blank line is a JSON object, so a bad file fails before any work, naming the line."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"cannot read {path}: {exc}") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InvalidRequest(f"{path} line {number}: not valid JSON ({exc.msg})") from None
+        if not isinstance(item, dict):
+            raise InvalidRequest(f"{path} line {number}: expected a JSON object")
+
+
+# ---- commands ----------------------------------------------------------------------------------------------------
+
+def _use_threads(threads: int) -> None:
+    import torch  # only commands that run torch work get here
+
+    torch.set_num_threads(threads)
+
+
+def _selfcheck(args: argparse.Namespace) -> int:
+    try:
+        from specgen.samplers.selfcheck import run_selfcheck
+    except ModuleNotFoundError as exc:
+        if exc.name != "specgen.samplers.selfcheck":
+            raise
+        raise NotAvailable(f"'specgen selfcheck' is not available in specgen {__version__} yet") from None
+    _use_threads(args.threads)
+    result = run_selfcheck(seed=args.seed)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(_selfcheck_table(result, args.seed))
+    return 0 if result["ok"] else 1
+
+
+def _selfcheck_table(result: dict, seed: int) -> str:
+    checks = result.get("checks", [])
+    width = max((len(str(c["name"])) for c in checks), default=4)
+    lines = [f"specgen {__version__} selfcheck (seed {seed})"]
+    for check in checks:
+        numbers = "  ".join(f"{key}={_fmt(value)}" for key, value in check.items() if key not in ("name", "ok"))
+        lines.append(f"  {'ok  ' if check['ok'] else 'FAIL'}  {str(check['name']):<{width}}  {numbers}".rstrip())
+    failed = sum(not c["ok"] for c in checks)
+    lines.append(f"{len(checks) - failed} of {len(checks)} checks passed" + ("" if result["ok"] else " -- FAILED"))
+    return "\n".join(lines)
+
+
+def _fmt(value: object) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version and argument errors (already printed)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    try:
+        if args.command is None:
+            raise InvalidRequest("choose a command: demo, generate, bench, batch, train or selfcheck "
+                                 "(see specgen --help)")
+        _check(args)
+        if args.handler is None:
+            raise NotAvailable(f"'specgen {args.full_name}' is not available in specgen {__version__} yet")
+        return args.handler(args)
+    except SpecgenError as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Image and video tokens: VQ tokenizers, visual AR models, SJD/MC-SJD, LANTERN++."""

@@ -1,0 +1,1 @@
+"""Speech tokens: acoustic tokenizer, vocoder, speech LM and PCG groups."""

@@ -1,0 +1,1 @@
+"""Text modality: drafters, tokenizer handling and text models."""

@@ -1,0 +1,130 @@
+"""The draft-verify loop, driven by any TargetModel, Drafter and AcceptanceRule.
+
+One step: the drafter proposes (a chain or a tree) -> the target scores [pending, drafted...] in one forward
+pass -> the rule accepts a prefix and emits one recovered or bonus token -> the target keeps the accepted slots
+-> one StepEvent per row. Rows are ragged: each accepts its own count and keeps its own length; no row is ever
+synchronised to the batch minimum (that is biased). Plain decoding is the same loop with nothing drafted.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+
+from specgen.errors import InvalidRequest
+from specgen.samplers.noise import chain_noise, tree_noise
+from specgen.samplers.processing import Processing
+from specgen.samplers.protocols import AcceptanceRule, Drafter, LengthPolicy, TargetModel
+from specgen.samplers.policies import FixedLength
+from specgen.samplers.stats import SpecStats
+from specgen.samplers.types import AcceptanceNoise, DecodeContext, Draft, DraftTree, StepEvent, Verdict
+
+
+def speculative_generate(target: TargetModel, drafter: Drafter | None, rule: AcceptanceRule,
+                         prompts: Sequence[torch.Tensor], *, processing: Processing, max_new_tokens: int,
+                         policy: LengthPolicy | None = None, seed: int = 0, sample_ids: Sequence[int] | None = None,
+                         stop_tokens: Sequence[int] = (), stats: SpecStats | None = None) -> Iterator[StepEvent]:
+    context = _validate(prompts, max_new_tokens)
+    sample_ids = torch.as_tensor(range(len(context)) if sample_ids is None else sample_ids, dtype=torch.long)
+    policy = policy or FixedLength(5 if drafter is not None else 0)
+    stats = stats if stats is not None else SpecStats()
+    generated, active, stop = [0] * len(context), list(range(len(context))), set(stop_tokens)
+    target.prefill(context)
+    step = 0
+    while active:
+        rows = torch.tensor(active)
+        ctx = DecodeContext([context[r] for r in active], rows, sample_ids[rows], seed)
+        budget = min(policy.next_length(), max(max_new_tokens - generated[r] for r in active) - 1)
+        started = time.perf_counter()
+        proposal = drafter.propose(ctx, budget) if drafter is not None and budget > 0 else Draft.empty(len(active))
+        drafted = time.perf_counter()
+        verdict, window = verify_step(target, rule, proposal, processing, ctx)
+        verified = time.perf_counter()
+        if drafter is not None:
+            drafter.observe(verdict)
+            policy.observe(verdict)
+        committed_now = 0
+        for i, (row, tokens, sources) in enumerate(zip(active, verdict.tokens.tolist(), verdict.source.tolist())):
+            tokens, sources, finished = _truncate(tokens, sources, max_new_tokens - generated[row], stop)
+            context[row] = torch.cat([context[row], torch.tensor(tokens, dtype=torch.long)])
+            generated[row] += len(tokens)
+            committed_now += len(tokens)
+            yield StepEvent(step, row, int(sample_ids[row]), tuple(tokens), tuple(sources),
+                            int(verdict.num_drafted[i]), int(verdict.num_accepted[i]),
+                            drafted - started, verified - drafted, finished)
+        stats.update(verdict, committed_now, drafted - started, verified - drafted, window)
+        active = [r for r in active if generated[r] < max_new_tokens and not (stop and int(context[r][-1]) in stop)]
+        step += 1
+
+
+def verify_step(target: TargetModel, rule: AcceptanceRule, proposal: Draft | DraftTree, processing: Processing,
+                ctx: DecodeContext) -> tuple[Verdict, int]:
+    """Score the proposal in one target forward pass, accept, and keep the accepted slots' KV.
+    Returns the verdict and the window size (slots scored per row)."""
+    pending = torch.tensor([int(t[-1]) for t in ctx.tokens])  # [rows] last committed token, not yet cached
+    start = ctx.next_positions - 1  # [rows] its position
+    if isinstance(proposal, DraftTree):
+        if bool((proposal.tokens[:, 0] != pending).any()):
+            raise InvalidRequest("a DraftTree's root must be the row's last committed token")
+        tokens, positions, mask = proposal.tokens, start[:, None] + proposal.depths, proposal.ancestor_mask
+        noise = tree_noise(ctx.seed, ctx.sample_ids, start, proposal.depths, proposal.sibling_rank)
+    else:
+        tokens, mask = torch.cat([pending[:, None], proposal.tokens], 1), None  # [rows, k + 1]
+        positions = start[:, None] + torch.arange(tokens.shape[1])
+        noise = chain_noise(ctx.seed, ctx.sample_ids, start, proposal.length)
+    scores = target.score(tokens, positions, ctx.rows, mask)
+    cond, uncond = scores if isinstance(scores, tuple) else (scores, None)
+    target_probs = processing(cond, positions + 1, uncond)  # slot i is the law of the token at position i + 1
+    verdict = rule(proposal, target_probs, AcceptanceNoise(*noise))
+    if isinstance(proposal, DraftTree):
+        kept = proposal.kept_slots(verdict.accepted_path)
+    else:
+        kept = torch.arange(tokens.shape[1]) < (verdict.num_accepted + 1)[:, None]  # pending + accepted
+    target.commit(kept, ctx.rows)
+    return verdict, tokens.shape[1]
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    tokens: list[list[int]]  # new tokens per row
+    stats: dict
+    events: list[StepEvent]
+
+
+def generate(target: TargetModel, drafter: Drafter | None, rule: AcceptanceRule, prompts: Sequence[torch.Tensor], *,
+             method: str = "speculative", ar_step_s: float | None = None, **options) -> GenerationResult:
+    """Run `speculative_generate` to the end and collect tokens, events and the stats summary."""
+    stats = SpecStats()
+    started = time.perf_counter()
+    events = list(speculative_generate(target, drafter, rule, prompts, stats=stats, **options))
+    wall_s = time.perf_counter() - started
+    tokens: list[list[int]] = [[] for _ in prompts]
+    for event in events:
+        tokens[event.row].extend(event.tokens)
+    summary = stats.summary(method=method, lossless=bool(rule.lossless), wall_s=wall_s, ar_step_s=ar_step_s)
+    return GenerationResult(tokens, summary, events)
+
+
+def _validate(prompts: Sequence[torch.Tensor], max_new_tokens: int) -> list[torch.Tensor]:
+    if max_new_tokens < 1:
+        raise InvalidRequest(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if len(prompts) == 0:
+        raise InvalidRequest("no prompts given")
+    context = [torch.as_tensor(p, dtype=torch.long).flatten() for p in prompts]
+    if any(len(c) == 0 for c in context):
+        raise InvalidRequest("every prompt needs at least one token (e.g. a BOS token)")
+    return context
+
+
+def _truncate(tokens: list[int], sources: list[int], remaining: int, stop: set[int]):
+    """Drop padding, cut at the length budget and after the first stop token. A prefix of an exactly
+    distributed sequence is exactly distributed, so cutting keeps the method lossless."""
+    n = min(sum(1 for s in sources if s >= 0), remaining)
+    tokens, sources = tokens[:n], sources[:n]
+    for i, token in enumerate(tokens):
+        if token in stop:
+            return tokens[:i + 1], sources[:i + 1], True
+    return tokens, sources, n >= remaining

@@ -1,0 +1,77 @@
+"""The one processed distribution. Verification, residuals, bonus tokens and plain decoding all call
+`Processing.__call__`, so the target side of speculative decoding matches plain decoding exactly.
+
+Order: guidance (l = uncond + s * (cond - uncond)) -> hooks (position constraints, ...) -> temperature ->
+top-k -> top-p -> softmax. Temperature 0 means greedy: a one-hot on the first maximal index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from specgen.errors import InvalidRequest
+
+# hook(logits [batch, n, vocab], positions [batch, n]) -> logits; e.g. an allowed-token mask per position.
+LogitsHook = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Processing:
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    guidance_scale: float | None = None  # classifier-free guidance; needs uncond logits
+    hooks: tuple[LogitsHook, ...] = ()
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise InvalidRequest(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise InvalidRequest(f"top_k must be >= 0, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def logits(self, logits: torch.Tensor, positions: torch.Tensor | None = None,
+               uncond_logits: torch.Tensor | None = None) -> torch.Tensor:
+        """Guided and hooked logits, before temperature (what greedy takes the argmax of)."""
+        if self.guidance_scale is not None:
+            if uncond_logits is None:
+                raise InvalidRequest("guidance_scale is set but the model gave no unconditional logits")
+            logits = uncond_logits + self.guidance_scale * (logits - uncond_logits)
+        for hook in self.hooks:
+            logits = hook(logits, positions)
+        return logits
+
+    def __call__(self, logits: torch.Tensor, positions: torch.Tensor | None = None,
+                 uncond_logits: torch.Tensor | None = None) -> torch.Tensor:
+        """[..., vocab] logits -> [..., vocab] probabilities (float32 at least; float64 stays float64)."""
+        logits = self.logits(logits, positions, uncond_logits)
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        logits = logits.to(dtype)
+        if self.greedy:
+            return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        logits = logits / self.temperature
+        if self.top_k and self.top_k < logits.shape[-1]:
+            kth = logits.topk(self.top_k, dim=-1).values[..., -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))  # ties at the k-th value are kept (as HF)
+        probs = logits.softmax(-1)
+        if self.top_p < 1:
+            probs = _top_p(probs, self.top_p)
+        return probs
+
+
+def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest prefix of tokens (by descending probability) whose mass reaches top_p."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
+    mass_before = sorted_probs.cumsum(-1) - sorted_probs
+    keep_sorted = mass_before < top_p  # the first token always has mass_before == 0
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    kept = probs * keep
+    return kept / kept.sum(-1, keepdim=True)

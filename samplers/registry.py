@@ -1,0 +1,134 @@
+"""The one method registry: every method name maps to its drafter, acceptance rule, length policy,
+`lossless` flag and knob schema. CLI choices, bench defaults, demo pickers and `docs/methods.md`
+all derive from it. Pure data: importing this module loads no torch (the CLI's `--help` relies on it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specgen.errors import InvalidRequest
+
+MODALITIES = ("text", "image", "video", "speech")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One user-settable parameter of a method."""
+
+    name: str
+    type: type
+    default: object
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+
+    def validate(self, value: object) -> object:
+        try:
+            value = self.type(value)
+        except (TypeError, ValueError):
+            raise InvalidRequest(f"{self.name} must be a {self.type.__name__}, got {value!r}") from None
+        if self.minimum is not None and value < self.minimum:
+            raise InvalidRequest(f"{self.name} must be >= {self.minimum}, got {value}")
+        if self.maximum is not None and value > self.maximum:
+            raise InvalidRequest(f"{self.name} must be <= {self.maximum}, got {value}")
+        return value
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """What a method name means. `drafter`, `rule` and `policy` are keys that the modality and
+    `specgen.samplers` resolve to objects, so this table stays importable without torch."""
+
+    name: str
+    modality: str
+    lossless: bool
+    summary: str
+    drafter: str | None  # None: plain autoregressive decoding, no draft
+    rule: str  # key into samplers.acceptance.RULES ("none" for plain decoding)
+    policy: str = "fixed"  # key into samplers.policies.POLICIES
+    paper: str = ""
+    knobs: tuple[Knob, ...] = field(default_factory=tuple)
+
+    def resolve_knobs(self, params: dict | None) -> dict:
+        """Defaults overridden by `params`; unknown names and bad values raise InvalidRequest."""
+        params = dict(params or {})
+        known = {knob.name: knob for knob in self.knobs}
+        unknown = sorted(set(params) - set(known))
+        if unknown:
+            raise InvalidRequest(f"method {self.name!r} has no parameter(s) {', '.join(unknown)}; "
+                                 f"known: {', '.join(known) or 'none'}")
+        return {name: knob.validate(params[name]) if name in params else knob.default
+                for name, knob in known.items()}
+
+
+NUM_DRAFT_TOKENS = Knob("num_draft_tokens", int, 5, "draft length gamma per step", 1, 64)
+LENGTH_SCHEDULE = Knob("length_schedule", str, "fixed",
+                       "'fixed', or 'heuristic' (+2 when all drafts are accepted, -1 otherwise)")
+NGRAM_SIZE = Knob("max_matching_ngram_size", int, 3, "longest n-gram looked up in the context", 1, 16)
+
+_METHODS: dict[tuple[str, str], MethodSpec] = {}
+
+
+def register(spec: MethodSpec) -> MethodSpec:
+    if spec.modality not in MODALITIES:
+        raise ValueError(f"unknown modality {spec.modality!r}")
+    key = (spec.modality, spec.name)
+    if key in _METHODS:
+        raise ValueError(f"method {spec.name!r} is already registered for {spec.modality}")
+    _METHODS[key] = spec
+    return spec
+
+
+def method_names(modality: str) -> list[str]:
+    return [name for (mod, name) in _METHODS if mod == modality]
+
+
+def get_method(modality: str, name: str) -> MethodSpec:
+    try:
+        return _METHODS[(modality, name)]
+    except KeyError:
+        choices = ", ".join(method_names(modality)) or "none yet"
+        raise InvalidRequest(f"unknown {modality} method {name!r}; choose from: {choices}") from None
+
+
+def all_methods() -> list[MethodSpec]:
+    return list(_METHODS.values())
+
+
+def render_methods_markdown() -> str:
+    """The text of docs/methods.md (a test keeps the file equal to this)."""
+    lines = ["# Methods", "",
+             "Generated from `specgen.samplers.registry` by `python -m specgen.samplers.registry`; do not edit by hand.",
+             "**lossless** means the output distribution equals the target's processed distribution exactly.", ""]
+    for modality in MODALITIES:
+        specs = [s for s in _METHODS.values() if s.modality == modality]
+        if not specs:
+            continue
+        lines += [f"## {modality}", "", "| method | lossless | drafter | acceptance rule | length policy | summary | knobs |",
+                  "|---|---|---|---|---|---|---|"]
+        for s in specs:
+            knobs = "<br>".join(f"`{k.name}`={k.default!r}: {k.help}" for k in s.knobs) or "—"
+            paper = f" ({s.paper})" if s.paper else ""
+            lines.append(f"| `{s.name}` | {'yes' if s.lossless else 'no'} | {s.drafter or '—'} | {s.rule} | "
+                         f"{s.policy} | {s.summary}{paper} | {knobs} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# ---- text -------------------------------------------------------------------------------------
+register(MethodSpec("ar", "text", True, "plain autoregressive decoding of the target (the baseline)",
+                    drafter=None, rule="none"))
+register(MethodSpec("draft", "text", True,
+                    "a small draft model proposes a chain; exact rejection sampling (greedy match at temperature 0)",
+                    drafter="model", rule="chain", policy="fixed",
+                    paper="Leviathan et al. 2023; Chen et al. 2023",
+                    knobs=(NUM_DRAFT_TOKENS, LENGTH_SCHEDULE)))
+register(MethodSpec("ngram", "text", True,
+                    "prompt lookup: copy the continuation of the latest matching n-gram; point-mass drafts",
+                    drafter="ngram", rule="chain", policy="fixed", paper="Saxena 2023 (prompt lookup decoding)",
+                    knobs=(NUM_DRAFT_TOKENS, NGRAM_SIZE, LENGTH_SCHEDULE)))
+
+
+if __name__ == "__main__":
+    print(render_methods_markdown())

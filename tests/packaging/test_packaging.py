@@ -1,0 +1,158 @@
+"""How specgen installs: one `specgen` namespace, no top-level `kernels`, imports flowing app -> modalities ->
+samplers -> kernels, and generated docs kept in step with the code."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import specgen.kernels
+from specgen.samplers.registry import render_methods_markdown
+
+tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+ROOT = Path(__file__).resolve().parents[2]
+FOLDERS = {"specgen": "specgen", "app": "specgen.app", "modalities": "specgen.modalities",
+           "samplers": "specgen.samplers", "kernels": "specgen.kernels"}
+HEAVY_LIBRARIES = ("transformers", "diffusers", "torchaudio", "gradio")
+MODALITIES = ("text", "image", "speech")
+
+
+def _python(code: str, cwd: Path) -> str:
+    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+# ---- (a) what the installation exposes --------------------------------------------------------------------------
+
+def test_no_top_level_packages_from_this_repo(tmp_path):
+    # A fresh interpreter outside the repository sees what the installation provides (`python -m pytest` from
+    # the repository root would also put the root folder itself on sys.path).
+    code = ("import importlib.util, json\n"
+            "specs = {n: importlib.util.find_spec(n) for n in ('kernels', 'app', 'tests', 'samplers', 'modalities')}\n"
+            "print(json.dumps({n: s and (s.origin or list(s.submodule_search_locations or [])) "
+            "for n, s in specs.items()}))")
+    found = json.loads(_python(code, cwd=tmp_path))
+    for name, origin in found.items():
+        assert origin is None or str(ROOT) not in str(origin), f"top-level {name!r} comes from this repo: {origin}"
+
+
+def test_specgen_kernels_is_the_repo_folder(tmp_path):
+    assert Path(specgen.kernels.__file__).resolve() == ROOT / "kernels" / "__init__.py"
+    origin = _python("import specgen.kernels; print(specgen.kernels.__file__)", cwd=tmp_path).strip()
+    assert Path(origin).resolve() == ROOT / "kernels" / "__init__.py"
+
+
+# ---- (b) transformers' probe for Hugging Face's `kernels` -------------------------------------------------------
+
+@pytest.mark.parametrize("where", ["repo root", "elsewhere"])
+def test_transformers_kernels_probe_does_not_break(where, tmp_path):
+    # From the repository root the `kernels/` folder is importable as a top-level name; transformers must
+    # still not mistake it for Hugging Face's package.
+    code = ("import transformers\n"
+            "from transformers.utils import is_kernels_available\n"
+            "import transformers.integrations.hub_kernels\n"
+            "print(is_kernels_available())")
+    out = _python(code, cwd=ROOT if where == "repo root" else tmp_path).strip().splitlines()[-1]
+    try:
+        importlib.metadata.distribution("kernels")
+    except importlib.metadata.PackageNotFoundError:
+        assert out == "False"
+    else:  # Hugging Face's package is installed: the probe may say True, it just must not fail
+        assert out in ("True", "False")
+
+
+# ---- (c) every package folder is installed ----------------------------------------------------------------------
+
+def test_every_package_folder_is_listed_in_pyproject():
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {name: folder for folder, name in FOLDERS.items()}
+    listed = set(setuptools["packages"])
+    assert all(name == "specgen" or name.startswith("specgen.") for name in listed)
+    on_disk = {_module_name(init).removesuffix(".__init__") for folder in FOLDERS
+               for init in (ROOT / folder).rglob("__init__.py") if "__pycache__" not in init.parts}
+    assert on_disk - listed == set(), "package folders missing from [tool.setuptools] packages"
+    assert listed - on_disk == set(), "packages listed in pyproject.toml without a folder"
+
+
+# ---- (d) import direction ---------------------------------------------------------------------------------------
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    return ".".join([FOLDERS[rel.parts[0]], *rel.parts[1:]])
+
+
+def imported_modules(source: str, module: str) -> set[str]:
+    """Every module `source` (the text of `module`) imports, relative imports resolved, including
+    `importlib.import_module("...")` / `__import__("...")` with a literal name."""
+    package = module.rsplit(".", 1)[0] if not module.endswith(".__init__") else module.removesuffix(".__init__")
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import submodule`
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)
+              and ((isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+                   or (isinstance(node.func, ast.Name) and node.func.id in ("import_module", "__import__")))):
+            found.add(node.args[0].value)
+    return found
+
+
+def _violations(folder: str, forbidden: tuple[str, ...]) -> list[str]:
+    bad = []
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        module = _module_name(path)
+        for name in imported_modules(path.read_text(encoding="utf-8"), module):
+            if any(name == f or name.startswith(f + ".") for f in forbidden):
+                bad.append(f"{path.relative_to(ROOT)} imports {name}")
+    return bad
+
+
+def test_import_checker_resolves_relative_and_dynamic_imports():
+    source = ("from ..modalities import text\nfrom . import tree\nimport importlib\n"
+              "importlib.import_module('gradio')\nfrom specgen import app\n")
+    found = imported_modules(source, "specgen.samplers.loop")
+    assert {"specgen.modalities.text", "specgen.samplers.tree", "gradio", "specgen.app"} <= found
+    assert "specgen.samplers.tree" in imported_modules("from .tree import x", "specgen.samplers.__init__")
+
+
+@pytest.mark.parametrize("folder, forbidden", [
+    ("samplers", (*HEAVY_LIBRARIES, "specgen.modalities", "specgen.app")),
+    ("kernels", (*HEAVY_LIBRARIES, "specgen.modalities", "specgen.app", "specgen.samplers")),
+    ("modalities", ("specgen.app",)),
+    *[(f"modalities/{m}", tuple(f"specgen.modalities.{other}" for other in MODALITIES if other != m))
+      for m in MODALITIES],
+    # The installed names are specgen.*; a bare `import kernels` would find Hugging Face's package instead.
+    *[(folder, ("app", "kernels", "samplers", "modalities", "tests")) for folder in FOLDERS],
+])
+def test_imports_flow_one_way(folder, forbidden):
+    assert _violations(folder, forbidden) == []
+
+
+# ---- (e) generated docs, (f) a light top-level import -----------------------------------------------------------
+
+def test_methods_doc_is_generated_from_the_registry():
+    text = (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")
+    assert text == render_methods_markdown() + "\n", \
+        "docs/methods.md is stale: run `python -m specgen.samplers.registry > docs/methods.md`"
+
+
+def test_import_specgen_loads_no_torch(tmp_path):
+    out = _python("import sys, specgen, specgen.samplers.registry; "
+                  "print([m for m in ('torch', 'transformers', 'gradio') if m in sys.modules])", cwd=tmp_path)
+    assert out.strip() == "[]"

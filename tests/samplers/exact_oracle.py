@@ -1,0 +1,163 @@
+"""Exact enumeration of a draft-verify process on TableLMs (core.md section 11, layer 1).
+
+The output distribution over the first `horizon` generated tokens is computed by enumerating every proposal
+the drafter could make (with the probability it is made), every outcome of the rule's `decision_probs`, and
+recursing on the committed prefix. A lossless rule must reproduce the target's joint distribution exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+
+import torch
+
+from specgen.samplers.types import Draft, DraftTree
+
+
+def target_joint(lm, processing, prompt, horizon) -> dict[tuple, float]:
+    """The target's exact joint distribution of the next `horizon` tokens."""
+    out: dict[tuple, float] = {}
+    for seq in itertools.product(range(lm.vocab_size), repeat=horizon):
+        prob, context = 1.0, list(prompt)
+        for token in seq:
+            prob *= float(processing(lm.logits(context))[token])
+            context.append(token)
+        if prob > 0:
+            out[seq] = prob
+    return out
+
+
+def max_abs_diff(a: dict, b: dict) -> float:
+    return max(abs(a.get(key, 0.0) - b.get(key, 0.0)) for key in set(a) | set(b))
+
+
+def chain_proposals(law, prefix, k, *, point_mass=False, reported_law=None):
+    """Every chain of k draft tokens with its probability. law(context) -> [vocab] is the law the drafter
+    samples from; reported_law (default: law) is what the Draft claims, to build stale-distribution controls."""
+    reported_law = reported_law or law
+    if point_mass:
+        tokens, context = [], list(prefix)
+        for _ in range(k):
+            tokens.append(int(law(context).argmax()))
+            context.append(tokens[-1])
+        yield 1.0, Draft(torch.tensor([tokens]))
+        return
+    vocab = len(law(prefix))
+    for seq in itertools.product(range(vocab), repeat=k):
+        prob, context, reported = 1.0, list(prefix), []
+        for token in seq:
+            prob *= float(law(context)[token])
+            reported.append(reported_law(context))
+            context.append(token)
+        if prob > 0:
+            yield prob, Draft(torch.tensor([seq]), torch.stack(reported)[None])
+
+
+def _child_sets(law_at_node, width, siblings):
+    """Ordered children of one node with their probability under the sibling sampling mode."""
+    law = law_at_node.double()
+    if siblings == "deterministic":
+        yield 1.0, law.sort(descending=True, stable=True).indices[:width].tolist()
+        return
+    vocab = len(law)
+    if siblings == "with_replacement":
+        for seq in itertools.product(range(vocab), repeat=width):
+            prob = float(torch.prod(law[list(seq)]))
+            if prob > 0:
+                yield prob, list(seq)
+        return
+    width = min(width, int((law > 0).sum()))
+    for seq in itertools.permutations(range(vocab), width):
+        prob, used = 1.0, 0.0
+        for token in seq:
+            prob *= float(law[token]) / (1.0 - used)
+            used += float(law[token])
+        if prob > 0:
+            yield prob, list(seq)
+
+
+def tree_proposals(law, prefix, branching, siblings):
+    """Every fixed-shape tree (node 0 = prefix[-1]) with its probability."""
+
+    def expand(nodes, frontier, level, prob):
+        if level == len(branching):
+            tokens = torch.tensor([[n[0] for n in nodes]])
+            parents = torch.tensor([[n[1] for n in nodes]])
+            probs = None if siblings == "deterministic" else torch.stack([law(n[2]) for n in nodes])[None]
+            yield prob, DraftTree(tokens, parents, probs)
+            return
+        # choose children for every frontier node (the product over frontier nodes)
+        options = [list(_child_sets(law(nodes[node][2]), branching[level], siblings)) for node in frontier]
+        for combo in itertools.product(*options):
+            new_nodes, new_frontier, p = list(nodes), [], prob
+            for node, (child_prob, kids) in zip(frontier, combo):
+                p *= child_prob
+                for token in kids:
+                    new_nodes.append((token, node, nodes[node][2] + [token]))
+                    new_frontier.append(len(new_nodes) - 1)
+            yield from expand(new_nodes, new_frontier, level + 1, p)
+
+    yield from expand([(prefix[-1], -1, list(prefix))], [0], 0, 1.0)
+
+
+def target_probs_for(proposal, lm, processing, prefix) -> torch.Tensor:
+    if isinstance(proposal, DraftTree):
+        contexts = []
+        for node in range(proposal.num_nodes):
+            path = proposal.ancestor_mask[0, node].nonzero().flatten().tolist()[1:]  # skip the root
+            contexts.append(list(prefix) + proposal.tokens[0, path].tolist())
+    else:
+        draft = proposal.tokens[0].tolist()
+        contexts = [list(prefix) + draft[:j] for j in range(len(draft) + 1)]
+    return torch.stack([processing(lm.logits(c)) for c in contexts])[None]
+
+
+def outcomes(proposal, decisions):
+    """(probability, emitted law, committed-before-emission tokens) for every way the walk can stop."""
+    accept, emit = decisions.accept_probs[0], decisions.emit_probs[0]
+    if isinstance(proposal, DraftTree):
+        children = proposal.children[0]
+
+        def walk(node, prob, tokens):
+            for kid in children[node]:
+                yield from walk(kid, prob * float(accept[kid]), tokens + [int(proposal.tokens[0, kid])])
+                prob *= 1.0 - float(accept[kid])
+            yield prob, emit[node], tokens
+
+        yield from walk(0, 1.0, [])
+        return
+    draft = proposal.tokens[0].tolist()
+    drafted = int(proposal.drafted()[0])
+    prob = 1.0
+    for j in range(drafted + 1):
+        stop = 1.0 - float(accept[j]) if j < drafted else 1.0
+        yield prob * stop, emit[j], draft[:j]
+        if j < drafted:
+            prob *= float(accept[j])
+
+
+def exact_output(lm, processing, rule, proposals, prompt, horizon) -> dict[tuple, float]:
+    """Distribution over the first `horizon` generated tokens; proposals(prefix) yields (prob, proposal)."""
+    memo: dict = {}
+
+    def dist(prefix: tuple, need: int) -> dict[tuple, float]:
+        if need <= 0:
+            return {(): 1.0}
+        if (prefix, need) in memo:
+            return memo[(prefix, need)]
+        out: dict[tuple, float] = defaultdict(float)
+        for proposal_prob, proposal in proposals(prefix):
+            decisions = rule.decision_probs(proposal, target_probs_for(proposal, lm, processing, prefix))
+            for stop_prob, law, accepted in outcomes(proposal, decisions):
+                if proposal_prob * stop_prob == 0:
+                    continue
+                for token in (law > 0).nonzero().flatten().tolist():
+                    committed = tuple(accepted + [token])[:need]
+                    weight = proposal_prob * stop_prob * float(law[token])
+                    for tail, tail_prob in dist(prefix + committed, need - len(committed)).items():
+                        out[committed + tail] += weight * tail_prob
+        memo[(prefix, need)] = dict(out)
+        return memo[(prefix, need)]
+
+    return dist(tuple(prompt), horizon)
