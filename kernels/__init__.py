@@ -11,7 +11,8 @@ import os
 
 from specgen.kernels import reference
 
-OPS = ("rejection_sample", "greedy_verify", "sample_categorical", "accept_probability", "residual_probs", "ancestor_mask")
+OPS = ("rejection_sample", "greedy_verify", "sample_categorical", "accept_probability", "residual_probs", "ancestor_mask",
+       "sibling_step", "tree_children", "tree_rejection_sample")
 _BACKENDS = {"torch": reference}
 _backend = os.environ.get("SPECGEN_KERNELS", "torch")
 
@@ -45,4 +46,7 @@ sample_categorical = _op("sample_categorical")
 accept_probability = _op("accept_probability")
 residual_probs = _op("residual_probs")
 ancestor_mask = _op("ancestor_mask")
+sibling_step = _op("sibling_step")
+tree_children = _op("tree_children")
+tree_rejection_sample = _op("tree_rejection_sample")
 PLACEHOLDER = reference.PLACEHOLDER

@@ -123,3 +123,96 @@ def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     for node in range(1, nodes):  # parents come first, so each parent's row is final when read
         mask[:, node] |= mask[rows, parents[:, node].clamp(min=0)]
     return mask
+
+
+def sibling_step(residual: torch.Tensor, draft: torch.Tensor | None, token: torch.Tensor, without_replacement: bool):
+    """Test one child `token` against the current residual target law at its parent node.
+
+    residual: [batch, vocab] float64 target law left after earlier siblings were rejected; draft: [batch, vocab]
+    draft law the child was drawn from, or None for point-mass (deterministic) candidates; token: [batch].
+    Returns (accept_prob [batch], residual_if_rejected, draft_if_rejected): on rejection the residual becomes
+    norm(relu(residual - draft)) (the point mass at `token` when draft is None), and sampling without
+    replacement also removes `token` from the draft law and renormalises it.
+    """
+    tried = torch.zeros_like(residual).scatter_(-1, token[:, None], 1.0)  # [batch, vocab]
+    at_token = residual.gather(-1, token[:, None]).squeeze(-1)
+    if draft is None:
+        return accept_probability(at_token, torch.ones_like(at_token)), residual_probs(residual, tried), None
+    accept = accept_probability(at_token, draft.gather(-1, token[:, None]).squeeze(-1))
+    next_residual = residual_probs(residual, draft)
+    if without_replacement:
+        remaining = draft * (1 - tried)
+        total = remaining.sum(-1, keepdim=True)
+        draft = torch.where(total > 0, remaining / torch.where(total > 0, total, 1.0), draft)
+    return accept, next_residual, draft
+
+
+def tree_children(parents: torch.Tensor) -> torch.Tensor:
+    """[batch, nodes] parents -> [batch, nodes, max_children] child ids in sibling order, -1 padded."""
+    batch, nodes = parents.shape
+    earlier = torch.ones(nodes, nodes, dtype=torch.bool, device=parents.device).tril(-1)  # [n, m]: m < n
+    rank = ((parents[:, :, None] == parents[:, None, :]) & earlier).sum(-1)  # [batch, nodes]
+    width = int(rank[:, 1:].max()) + 1 if nodes > 1 else 1
+    children = parents.new_full((batch, nodes, width), -1)
+    b, n = torch.nonzero(parents >= 0, as_tuple=True)
+    children[b, parents[b, n], rank[b, n]] = n
+    return children
+
+
+def tree_rejection_sample(
+    tokens: torch.Tensor,  # [batch, nodes] int64; node 0 = root
+    parents: torch.Tensor,  # [batch, nodes] int64; topological order
+    draft_probs: torch.Tensor | None,  # [batch, nodes, vocab]: law of each node's children; None = point masses
+    target_probs: torch.Tensor,  # [batch, nodes, vocab]: processed target law after each node
+    accept_uniform: torch.Tensor,  # [batch, nodes] float64: the test of node n uses accept_uniform[:, n]
+    emit_uniform: torch.Tensor,  # [batch, nodes] float64: the token emitted after node n uses emit_uniform[:, n]
+    without_replacement: bool,
+):
+    """Multi-candidate tree verification walking from the root, all rows at once (SpecInfer, Sequoia/MCSD,
+    EAGLE-style deterministic candidates). At each node the children are tried in order with `sibling_step`;
+    the first accepted child is descended into; when all are rejected a recovered token is drawn from the
+    residual, and at a leaf a bonus token from the target.
+
+    Returns (path [batch, max_depth + 1] accepted node ids from the root, -1 padded;
+             output_tokens [batch, max_depth + 1] accepted tokens then the emitted one, PLACEHOLDER-padded;
+             num_accepted [batch]; emitted_after_rejection [batch] bool).
+    """
+    batch, nodes = tokens.shape
+    rows = torch.arange(batch, device=tokens.device)
+    children = tree_children(parents)  # [batch, nodes, width]
+    max_depth = int(children.gt(-1).any(-1).sum(-1).max()) if nodes > 1 else 0  # loose bound: inner nodes
+    path = tokens.new_full((batch, max_depth + 2), -1)
+    output = tokens.new_full((batch, max_depth + 2), PLACEHOLDER)
+    path[:, 0] = 0
+    node = torch.zeros(batch, dtype=torch.long, device=tokens.device)
+    depth = torch.zeros(batch, dtype=torch.long, device=tokens.device)
+    done = torch.zeros(batch, dtype=torch.bool, device=tokens.device)
+    rejected = torch.zeros(batch, dtype=torch.bool, device=tokens.device)
+    while not bool(done.all()):
+        residual = target_probs[rows, node].double()
+        draft = None if draft_probs is None else draft_probs[rows, node].double()
+        chosen = torch.full_like(node, -1)
+        tested = torch.zeros_like(done)
+        for rank in range(children.shape[-1]):
+            kid = children[rows, node, rank]
+            live = (kid >= 0) & (chosen < 0) & ~done
+            kid_token = tokens[rows, kid.clamp(min=0)]
+            accept, next_residual, next_draft = sibling_step(residual, draft, kid_token, without_replacement)
+            accepted = live & (accept_uniform[rows, kid.clamp(min=0)].double() < accept)
+            chosen = torch.where(accepted, kid, chosen)
+            moved_on = live & ~accepted
+            tested |= moved_on
+            residual = torch.where(moved_on[:, None], next_residual, residual)
+            if draft is not None:
+                draft = torch.where(moved_on[:, None], next_draft, draft)
+        stopping = ~done & (chosen < 0)
+        emitted = sample_categorical(residual, emit_uniform[rows, node])
+        output[rows, depth] = torch.where(stopping, emitted, torch.where(done, output[rows, depth], tokens[rows, chosen.clamp(min=0)]))
+        rejected |= stopping & tested
+        advancing = ~done & (chosen >= 0)
+        depth = depth + advancing.long()
+        node = torch.where(advancing, chosen, node)
+        path[rows, depth] = torch.where(advancing, chosen, path[rows, depth])
+        done |= stopping
+    width = int(depth.max()) + 1
+    return path[:, :width], output[:, :width], depth, rejected

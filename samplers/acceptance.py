@@ -97,74 +97,56 @@ class TreeRejection:
         self.siblings = siblings
         self.name = f"tree-{siblings.replace('_', '-')}"
 
-    def node_decisions(self, target_probs: torch.Tensor, draft_probs: torch.Tensor | None, child_tokens: list[int]):
-        """At one node: acceptance probability of each child in order (each given the earlier ones were
-        rejected) and the law of the token emitted if all are rejected. target_probs/draft_probs: [vocab]."""
-        residual = target_probs.double()
-        draft = None if draft_probs is None or self.siblings == "deterministic" else draft_probs.double()
-        accept = []
-        for token in child_tokens:
-            tried = torch.zeros_like(residual)
-            tried[token] = 1.0
-            if draft is None:
-                accept.append(kernels.accept_probability(residual[token], torch.ones((), dtype=torch.float64)))
-                residual = kernels.residual_probs(residual, tried)
-                continue
-            accept.append(kernels.accept_probability(residual[token], draft[token]))
-            residual = kernels.residual_probs(residual, draft)
-            if self.siblings == "without_replacement":
-                remaining = draft * (1 - tried)
-                if remaining.sum() > 0:  # otherwise no further child can have been drawn
-                    draft = remaining / remaining.sum()
-        return accept, residual
-
-    def decision_probs(self, tree: DraftTree, target_probs: torch.Tensor) -> Decisions:
+    def decision_probs(self, tree: DraftTree | Draft, target_probs: torch.Tensor) -> Decisions:
+        tree = self._as_tree(tree)
         batch, nodes = tree.tokens.shape
+        rows = torch.arange(batch)
+        children = kernels.tree_children(tree.parents)  # [batch, nodes, width]
         accept = torch.zeros(batch, nodes, dtype=torch.float64)
         emit = torch.zeros(batch, nodes, target_probs.shape[-1], dtype=torch.float64)
-        for b in range(batch):
-            for node in range(nodes):
-                kids = tree.children[b][node]
-                probs, law = self.node_decisions(target_probs[b, node], self._at(tree.draft_probs, b, node),
-                                                 tree.tokens[b, kids].tolist())
-                for kid, prob in zip(kids, probs):
-                    accept[b, kid] = prob
-                emit[b, node] = law
+        for node in range(nodes):  # every node's children, all rows at once, with the sampler's own step
+            residual = target_probs[:, node].double()
+            draft = self._draft_at(tree, node)
+            for rank in range(children.shape[-1]):
+                kid = children[:, node, rank]
+                has_kid = kid >= 0
+                prob, next_residual, next_draft = kernels.sibling_step(
+                    residual, draft, tree.tokens[rows, kid.clamp(min=0)], self.siblings == "without_replacement")
+                accept[rows[has_kid], kid[has_kid]] = prob[has_kid]
+                residual = torch.where(has_kid[:, None], next_residual, residual)
+                if draft is not None:
+                    draft = torch.where(has_kid[:, None], next_draft, draft)
+            emit[:, node] = residual
         return Decisions(accept, emit)
 
     def __call__(self, tree: DraftTree | Draft, target_probs: torch.Tensor, noise: AcceptanceNoise) -> Verdict:
-        if isinstance(tree, Draft):  # a chain is a tree with one child per node (the root token is unused here)
-            tree = tree.as_tree(torch.zeros(tree.batch_size, dtype=torch.long))
-        batch = tree.batch_size
-        max_depth = int(tree.depths.max())
-        tokens = torch.full((batch, max_depth + 1), PLACEHOLDER, dtype=torch.long)
-        source = torch.full_like(tokens, -1)
-        path = torch.full_like(tokens, -1)
-        num_accepted = torch.zeros(batch, dtype=torch.long)
-        for b in range(batch):
-            node, depth = 0, 0
-            path[b, 0] = 0
-            while True:
-                kids = tree.children[b][node]
-                probs, law = self.node_decisions(target_probs[b, node], self._at(tree.draft_probs, b, node),
-                                                 tree.tokens[b, kids].tolist())
-                chosen = next((kid for kid, prob in zip(kids, probs) if noise.accept_uniform[b, kid] < prob), None)
-                if chosen is None:
-                    tokens[b, depth] = kernels.sample_categorical(law, noise.emit_uniform[b, node])
-                    source[b, depth] = TokenSource.RECOVERED if kids else TokenSource.BONUS
-                    break
-                tokens[b, depth] = tree.tokens[b, chosen]
-                source[b, depth] = TokenSource.ACCEPTED
-                depth += 1
-                path[b, depth] = node = chosen
-            num_accepted[b] = depth
-        drafted = torch.full((batch,), tree.num_nodes - 1, dtype=torch.long)
+        accept_uniform = noise.accept_uniform
+        if isinstance(tree, Draft):  # chain noise is per drafted token; tree noise per node (node 0 is never tested)
+            accept_uniform = torch.cat([accept_uniform.new_ones(accept_uniform.shape[0], 1), accept_uniform], 1)
+        tree = self._as_tree(tree)
+        draft_probs = None if self.siblings == "deterministic" else tree.draft_probs
+        path, tokens, num_accepted, rejected = kernels.tree_rejection_sample(
+            tree.tokens, tree.parents, draft_probs, target_probs, accept_uniform, noise.emit_uniform,
+            self.siblings == "without_replacement")
+        slots = torch.arange(tokens.shape[1])
+        emitted_source = torch.where(rejected, int(TokenSource.RECOVERED), int(TokenSource.BONUS))
+        source = torch.where(slots < num_accepted[:, None], int(TokenSource.ACCEPTED), -1)
+        source = source.scatter(1, num_accepted[:, None], emitted_source[:, None])
+        drafted = torch.full((tree.batch_size,), tree.num_nodes - 1, dtype=torch.long)
         return Verdict(num_accepted=num_accepted, tokens=tokens, source=source, num_drafted=drafted,
                        accepted_path=path)
 
+    def _draft_at(self, tree: DraftTree, node: int) -> torch.Tensor | None:
+        if tree.draft_probs is None or self.siblings == "deterministic":
+            return None
+        return tree.draft_probs[:, node].double()
+
     @staticmethod
-    def _at(draft_probs, b, node):
-        return None if draft_probs is None else draft_probs[b, node]
+    def _as_tree(proposal: DraftTree | Draft) -> DraftTree:
+        # a chain is a tree with one child per node (the root token is not used by verification)
+        if isinstance(proposal, Draft):
+            return proposal.as_tree(torch.zeros(proposal.batch_size, dtype=torch.long))
+        return proposal
 
 
 def make_rule(key: str, processing: Processing, **options):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from specgen.errors import InvalidRequest
 from specgen.kernels import sample_categorical
 from specgen.samplers.noise import Purpose, counter_exponential, counter_uniform
 from specgen.samplers.processing import Processing
@@ -20,13 +21,20 @@ class TableLM:
         self.vocab_size, self.order = vocab_size, order
         self.table = torch.randn(vocab_size ** order, vocab_size, generator=generator, dtype=torch.float64) * scale
 
-    def logits(self, context) -> torch.Tensor:
-        """[vocab] logits of the token after `context` (a sequence of ints; short contexts are 0-padded)."""
-        tail = [0] * self.order + [int(t) for t in context]
-        index = 0
-        for token in tail[-self.order:]:
-            index = index * self.vocab_size + token
+    def logits_at(self, history: torch.Tensor) -> torch.Tensor:
+        """[..., order] last tokens (oldest first) -> [..., vocab] logits."""
+        index = torch.zeros(history.shape[:-1], dtype=torch.long)
+        for o in range(self.order):
+            index = index * self.vocab_size + history[..., o]
         return self.table[index]
+
+    def history(self, context) -> list[int]:
+        """The last `order` tokens of a context, 0-padded on the left."""
+        return ([0] * self.order + [int(t) for t in context])[-self.order:] if self.order else []
+
+    def logits(self, context) -> torch.Tensor:
+        """[vocab] logits of the token after `context` (a sequence of ints)."""
+        return self.logits_at(torch.tensor(self.history(context)))
 
     def mixed_with(self, other: "TableLM", weight: float) -> "TableLM":
         """A model whose logits are (1 - weight) * self + weight * other: a draft of tunable quality."""
@@ -37,8 +45,8 @@ class TableLM:
 
 
 class TableTarget:
-    """A TargetModel over a TableLM whose "cache" is the list of committed tokens per row. It checks that the
-    positions it is given agree with its cache, so position bugs in the loop fail loudly."""
+    """A TargetModel over a TableLM whose "cache" is the list of committed tokens per row, vectorised over
+    rows. It checks that the positions it is given agree with its cache, so position bugs fail loudly."""
 
     def __init__(self, lm: TableLM):
         self.lm, self.vocab_size = lm, lm.vocab_size
@@ -51,26 +59,44 @@ class TableTarget:
 
     def score(self, tokens, positions, rows, tree_mask=None):
         self.forward_calls += 1
-        n = tokens.shape[1]
-        mask = tree_mask if tree_mask is not None else torch.ones(n, n, dtype=torch.bool).tril().expand(len(rows), n, n)
-        logits = torch.empty(len(rows), n, self.vocab_size, dtype=torch.float64)
-        for i, row in enumerate(rows.tolist()):
-            for slot in range(n):
-                visible = tokens[i, mask[i, slot]].tolist()  # ancestors (in order) and the slot itself
-                if int(positions[i, slot]) != len(self.cache[row]) + len(visible) - 1:
-                    raise AssertionError(f"row {row} slot {slot}: position {int(positions[i, slot])} disagrees with cache")
-                logits[i, slot] = self.lm.logits(self.cache[row] + visible)
+        batch, n = tokens.shape
+        if tree_mask is None:  # a causal chain
+            parents = (torch.arange(n) - 1).expand(batch, n)
+            depths = torch.arange(n).expand(batch, n)
+        else:
+            depths = tree_mask.sum(-1) - 1
+            is_parent = tree_mask & (depths[:, None, :] == depths[:, :, None] - 1)
+            parents = torch.where(depths > 0, is_parent.int().argmax(-1), -1)
+        cache_len = torch.tensor([len(self.cache[r]) for r in rows.tolist()])
+        if not torch.equal(positions, cache_len[:, None] + depths):
+            raise AssertionError("score() positions disagree with the cache lengths and tree depths")
+        order = self.lm.order
+        tail = torch.tensor([self.lm.history(self.cache[r]) for r in rows.tolist()]).reshape(batch, order)
+        history = torch.empty(batch, n, order, dtype=torch.long)
+        node = torch.arange(n).expand(batch, n)  # walk from each slot towards the root, then into the cache
+        back = torch.zeros(batch, n, dtype=torch.long)
+        for o in range(order):
+            inside = node >= 0
+            from_tree = tokens.gather(1, node.clamp(min=0))
+            from_cache = tail.gather(1, (order - 1 - back).clamp(min=0))
+            history[..., order - 1 - o] = torch.where(inside, from_tree, from_cache)
+            back = back + (~inside).long()
+            node = torch.where(inside, parents.gather(1, node.clamp(min=0)), -1)
         self._last = tokens
-        return logits
+        return self.lm.logits_at(history)
 
     def commit(self, kept, rows) -> None:
         for i, row in enumerate(rows.tolist()):
             self.cache[row].extend(self._last[i, kept[i]].tolist())
 
 
+def _histories(lm: TableLM, ctx: DecodeContext) -> torch.Tensor:
+    return torch.tensor([lm.history(t.tolist()) for t in ctx.tokens], dtype=torch.long).reshape(len(ctx.tokens), lm.order)
+
+
 class TableDrafter:
-    """Draws a chain from a TableLM under its own `processing`, reporting the law it drew each token from.
-    `point_mass=True` drafts the argmax instead and reports no probabilities (a deterministic drafter)."""
+    """Draws a chain from a TableLM under its own `processing` (vectorised over rows), reporting the law it
+    drew each token from. `point_mass=True` drafts the argmax and reports no probabilities (deterministic)."""
 
     def __init__(self, lm: TableLM, processing: Processing, point_mass: bool = False):
         self.lm, self.processing, self.point_mass = lm, processing, point_mass
@@ -79,66 +105,67 @@ class TableDrafter:
         return self.processing(self.lm.logits(context))
 
     def propose(self, ctx: DecodeContext, budget: int) -> Draft:
-        tokens = torch.zeros(len(ctx.tokens), budget, dtype=torch.long)
-        probs = torch.zeros(len(ctx.tokens), budget, self.lm.vocab_size, dtype=torch.float64)
-        for i, row_tokens in enumerate(ctx.tokens):
-            sequence = row_tokens.tolist()
-            for d in range(budget):
-                probs[i, d] = self.law(sequence)
-                position = len(sequence)
-                if self.point_mass:
-                    token = int(probs[i, d].argmax())
-                else:
-                    u = counter_uniform(ctx.seed, ctx.sample_ids[i], position, Purpose.DRAFT)
-                    token = int(sample_categorical(probs[i, d], u))
-                tokens[i, d] = token
-                sequence.append(token)
-        return Draft(tokens, None if self.point_mass else probs)
+        history, positions = _histories(self.lm, ctx), ctx.next_positions
+        tokens, probs = [], []
+        for d in range(budget):
+            law = self.processing(self.lm.logits_at(history))  # [rows, vocab]
+            if self.point_mass:
+                token = law.argmax(-1)
+            else:
+                token = sample_categorical(law, counter_uniform(ctx.seed, ctx.sample_ids, positions + d, Purpose.DRAFT))
+            tokens.append(token)
+            probs.append(law)
+            history = torch.cat([history[:, 1:], token[:, None]], 1)
+        return Draft(torch.stack(tokens, 1), None if self.point_mass else torch.stack(probs, 1))
 
     def observe(self, verdict: Verdict) -> None:
         pass
 
 
 class TableTreeDrafter:
-    """Draws a fixed-shape tree: every node at depth d gets branching[d] children, drawn i.i.d. (with
-    replacement), without replacement (Gumbel-top-k) or as the top candidates (deterministic)."""
+    """Draws a fixed-shape tree (vectorised over rows): every node at depth d gets branching[d] children,
+    drawn i.i.d. (with replacement), without replacement (Gumbel-top-k) or as the top candidates
+    (deterministic)."""
 
     def __init__(self, lm: TableLM, processing: Processing, branching=(2, 2), siblings: str = "without_replacement"):
         self.lm, self.processing, self.branching, self.siblings = lm, processing, tuple(branching), siblings
 
     def propose(self, ctx: DecodeContext, budget: int) -> DraftTree:
-        rows_tokens, rows_parents, rows_probs = [], [], []
-        for i, row_tokens in enumerate(ctx.tokens):
-            prefix = row_tokens.tolist()
-            tokens, parents, paths = [prefix[-1]], [-1], [prefix]
-            probs = [self.processing(self.lm.logits(prefix))]
-            frontier = [0]
-            for width in self.branching:
-                next_frontier = []
-                for node in frontier:
-                    for token in self._children(probs[node], width, ctx, i, len(paths[node])):
-                        tokens.append(token)
-                        parents.append(node)
-                        paths.append(paths[node] + [token])
-                        probs.append(self.processing(self.lm.logits(paths[-1])))
-                        next_frontier.append(len(tokens) - 1)
-                frontier = next_frontier
-            rows_tokens.append(tokens)
-            rows_parents.append(parents)
-            rows_probs.append(torch.stack(probs))
-        probs = None if self.siblings == "deterministic" else torch.stack(rows_probs)
-        return DraftTree(torch.tensor(rows_tokens), torch.tensor(rows_parents), probs)
+        rows = len(ctx.tokens)
+        root_history = _histories(self.lm, ctx)
+        tokens = [torch.tensor([int(t[-1]) for t in ctx.tokens])]
+        parents, depths, histories = [-1], [0], [root_history]
+        laws = [self.processing(self.lm.logits_at(root_history))]
+        frontier = [0]
+        for width in self.branching:
+            next_frontier = []
+            for node in frontier:
+                position = ctx.next_positions + depths[node]  # where node's children go
+                kids = self._children(laws[node], width, ctx, position)  # [rows, width]
+                for c in range(kids.shape[1]):
+                    history = torch.cat([histories[node][:, 1:], kids[:, c:c + 1]], 1)
+                    tokens.append(kids[:, c])
+                    parents.append(node)
+                    depths.append(depths[node] + 1)
+                    histories.append(history)
+                    laws.append(self.processing(self.lm.logits_at(history)))
+                    next_frontier.append(len(tokens) - 1)
+            frontier = next_frontier
+        probs = None if self.siblings == "deterministic" else torch.stack(laws, 1)
+        return DraftTree(torch.stack(tokens, 1), torch.tensor(parents).expand(rows, -1), probs)
 
-    def _children(self, law: torch.Tensor, width: int, ctx: DecodeContext, i: int, position: int) -> list[int]:
-        sample = ctx.sample_ids[i]
+    def _children(self, law: torch.Tensor, width: int, ctx: DecodeContext, position: torch.Tensor) -> torch.Tensor:
         if self.siblings == "deterministic":
-            return law.sort(descending=True, stable=True).indices[:width].tolist()
+            return law.sort(dim=-1, descending=True, stable=True).indices[:, :width]
+        lanes = torch.arange(width)
         if self.siblings == "with_replacement":
-            u = counter_uniform(ctx.seed, sample, position, Purpose.DRAFT, torch.arange(width))
-            return [int(sample_categorical(law, u_j)) for u_j in u]
-        exponential = counter_exponential(ctx.seed, sample, position, Purpose.DRAFT_GUMBEL, torch.arange(len(law)))
-        width = min(width, int((law > 0).sum()))
-        return (law / exponential).topk(width).indices.tolist()  # Gumbel-top-k: ordered draws w/o replacement
+            u = counter_uniform(ctx.seed, ctx.sample_ids[:, None], position[:, None], Purpose.DRAFT, lanes)
+            return sample_categorical(law[:, None, :].expand(-1, width, -1), u)
+        if bool(((law > 0).sum(-1) < width).any()):
+            raise InvalidRequest("the draft law has fewer candidates than the tree's branching")
+        vocab = torch.arange(law.shape[-1])
+        exponential = counter_exponential(ctx.seed, ctx.sample_ids[:, None], position[:, None], Purpose.DRAFT_GUMBEL, vocab)
+        return (law / exponential).topk(width, dim=-1).indices  # Gumbel-top-k: ordered draws w/o replacement
 
     def observe(self, verdict: Verdict) -> None:
         pass

@@ -6,7 +6,8 @@ from functools import partial
 import pytest
 import torch
 
-from exact_oracle import chain_proposals, exact_output, max_abs_diff, target_joint, tree_proposals
+from specgen.samplers.oracle import (chain_proposals, exact_output, max_abs_diff, target_joint, target_probs_for,
+                                     tree_proposals)
 from specgen.kernels import residual_probs
 from specgen.samplers.acceptance import ChainRejection, GreedyMatch, TreeRejection
 from specgen.samplers.processing import Processing
@@ -102,7 +103,6 @@ def test_reduced_draft_vocabulary_is_exact():
 def test_chain_equals_tree_on_a_chain():
     """A chain-shaped tree verified by any tree rule gives the same decisions as the chain rule."""
     for prob, draft in list(chain_proposals(law(DRAFT, PLAIN), PROMPT, 3))[:20]:
-        from exact_oracle import target_probs_for
         target_probs = target_probs_for(draft, TARGET, PLAIN, PROMPT)
         chain = ChainRejection().decision_probs(draft, target_probs)
         tree = draft.as_tree(torch.tensor([PROMPT[-1]]))

@@ -1,4 +1,5 @@
-"""Exact enumeration of a draft-verify process on TableLMs (core.md section 11, layer 1).
+"""Exact enumeration of a draft-verify process on TableLMs: the first layer of the exactness tests and of
+`specgen selfcheck`.
 
 The output distribution over the first `horizon` generated tokens is computed by enumerating every proposal
 the drafter could make (with the probability it is made), every outcome of the rule's `decision_probs`, and
