@@ -138,12 +138,16 @@ def sibling_step(residual: torch.Tensor, draft: torch.Tensor | None, token: torc
     at_token = residual.gather(-1, token[:, None]).squeeze(-1)
     if draft is None:
         return accept_probability(at_token, torch.ones_like(at_token)), residual_probs(residual, tried), None
-    accept = accept_probability(at_token, draft.gather(-1, token[:, None]).squeeze(-1))
-    next_residual = residual_probs(residual, draft)
+    draft_at_token = draft.gather(-1, token[:, None]).squeeze(-1)
+    accept = accept_probability(at_token, draft_at_token)
+    # A child the draft gave probability 0 was never really drawn (e.g. padding after sampling without
+    # replacement exhausted the draft's support): it is rejected and leaves the state unchanged.
+    drawn = (draft_at_token > 0)[:, None]
+    next_residual = torch.where(drawn, residual_probs(residual, draft), residual)
     if without_replacement:
         remaining = draft * (1 - tried)
         total = remaining.sum(-1, keepdim=True)
-        draft = torch.where(total > 0, remaining / torch.where(total > 0, total, 1.0), draft)
+        draft = torch.where(drawn & (total > 0), remaining / torch.where(total > 0, total, 1.0), draft)
     return accept, next_residual, draft
 
 

@@ -68,14 +68,15 @@ def _child_sets(law_at_node, width, siblings):
             if prob > 0:
                 yield prob, list(seq)
         return
-    width = min(width, int((law > 0).sum()))
-    for seq in itertools.permutations(range(vocab), width):
+    support = (law > 0).nonzero().flatten().tolist()
+    phantoms = [t for t in range(vocab) if t not in support][:max(0, width - len(support))]
+    for seq in itertools.permutations(support, min(width, len(support))):
         prob, used = 1.0, 0.0
         for token in seq:
             prob *= float(law[token]) / (1.0 - used)
             used += float(law[token])
-        if prob > 0:
-            yield prob, list(seq)
+        if prob > 0:  # past the support, a drafter pads with zero-probability children
+            yield prob, list(seq) + phantoms
 
 
 def tree_proposals(law, prefix, branching, siblings):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 
-from specgen.errors import InvalidRequest
 from specgen.kernels import sample_categorical
 from specgen.samplers.noise import Purpose, counter_exponential, counter_uniform
 from specgen.samplers.processing import Processing
@@ -161,8 +160,8 @@ class TableTreeDrafter:
         if self.siblings == "with_replacement":
             u = counter_uniform(ctx.seed, ctx.sample_ids[:, None], position[:, None], Purpose.DRAFT, lanes)
             return sample_categorical(law[:, None, :].expand(-1, width, -1), u)
-        if bool(((law > 0).sum(-1) < width).any()):
-            raise InvalidRequest("the draft law has fewer candidates than the tree's branching")
+        # Where the law has fewer than `width` candidates, the extra children get draft probability 0; the
+        # rule treats them as never drawn.
         vocab = torch.arange(law.shape[-1])
         exponential = counter_exponential(ctx.seed, ctx.sample_ids[:, None], position[:, None], Purpose.DRAFT_GUMBEL, vocab)
         return (law / exponential).topk(width, dim=-1).indices  # Gumbel-top-k: ordered draws w/o replacement

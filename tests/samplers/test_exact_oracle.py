@@ -79,6 +79,15 @@ def test_tree_rules_under_warping_and_greedy():
         assert max_abs_diff(out, target_joint(TREE_TARGET, processing, PROMPT, HORIZON)) < 1e-9
 
 
+def test_tree_children_beyond_the_draft_support_are_exact():
+    """A sparse draft law (top-k 2 of 3) with 3 children per node: the third child has draft probability 0
+    and must act as if it was never drawn."""
+    sparse_law = law(TREE_DRAFT, Processing(top_k=2))
+    proposals = lambda prefix: tree_proposals(sparse_law, prefix, (3, 1), "without_replacement")
+    out = exact_output(TREE_TARGET, PLAIN, TreeRejection("without_replacement"), proposals, PROMPT, HORIZON)
+    assert max_abs_diff(out, target_joint(TREE_TARGET, PLAIN, PROMPT, HORIZON)) < 1e-9
+
+
 def test_reduced_draft_vocabulary_is_exact():
     """A draft over a sub-vocabulary (target ids 0, 2, 3) mapped into target ids stays exact."""
     vocab_ids = torch.tensor([0, 2, 3])
