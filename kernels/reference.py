@@ -80,6 +80,7 @@ def rejection_sample(
     """
     batch, k = draft_tokens.shape
     slots = torch.arange(k, device=draft_tokens.device)
+    draft_tokens = draft_tokens.clamp(min=0)  # slots past num_drafted may hold PLACEHOLDER; they are masked below
     target_at_draft = target_probs[:, :k].gather(-1, draft_tokens[..., None]).squeeze(-1)  # [batch, k]
     if draft_probs is None:
         draft_at_draft = torch.ones_like(target_at_draft)

@@ -98,7 +98,7 @@ class TreeRejection:
         self.name = f"tree-{siblings.replace('_', '-')}"
 
     def decision_probs(self, tree: DraftTree | Draft, target_probs: torch.Tensor) -> Decisions:
-        tree = self._as_tree(tree)
+        tree = self._as_tree(tree, target_probs.shape[-1])
         batch, nodes = tree.tokens.shape
         rows = torch.arange(batch)
         children = kernels.tree_children(tree.parents)  # [batch, nodes, width]
@@ -123,11 +123,14 @@ class TreeRejection:
         accept_uniform = noise.accept_uniform
         if isinstance(tree, Draft):  # chain noise is per drafted token; tree noise per node (node 0 is never tested)
             accept_uniform = torch.cat([accept_uniform.new_ones(accept_uniform.shape[0], 1), accept_uniform], 1)
-        tree = self._as_tree(tree)
+        tree = self._as_tree(tree, target_probs.shape[-1])
         draft_probs = None if self.siblings == "deterministic" else tree.draft_probs
         path, tokens, num_accepted, rejected = kernels.tree_rejection_sample(
             tree.tokens, tree.parents, draft_probs, target_probs, accept_uniform, noise.emit_uniform,
             self.siblings == "without_replacement")
+        width = int(tree.depths.max()) + 1  # the same layout whatever was accepted ([batch, k + 1] for a chain)
+        path = torch.nn.functional.pad(path, (0, width - path.shape[1]), value=-1)
+        tokens = torch.nn.functional.pad(tokens, (0, width - tokens.shape[1]), value=PLACEHOLDER)
         slots = torch.arange(tokens.shape[1])
         emitted_source = torch.where(rejected, int(TokenSource.RECOVERED), int(TokenSource.BONUS))
         source = torch.where(slots < num_accepted[:, None], int(TokenSource.ACCEPTED), -1)
@@ -142,10 +145,14 @@ class TreeRejection:
         return tree.draft_probs[:, node].double()
 
     @staticmethod
-    def _as_tree(proposal: DraftTree | Draft) -> DraftTree:
+    def _as_tree(proposal: DraftTree | Draft, vocab_size: int) -> DraftTree:
         # a chain is a tree with one child per node (the root token is not used by verification)
         if isinstance(proposal, Draft):
-            return proposal.as_tree(torch.zeros(proposal.batch_size, dtype=torch.long))
+            return proposal.as_tree(torch.zeros(proposal.batch_size, dtype=torch.long), vocab_size)
+        probs = proposal.draft_probs
+        if probs is not None and probs.shape[-1] < vocab_size:  # a draft table over the leading ids only
+            probs = torch.nn.functional.pad(probs, (0, vocab_size - probs.shape[-1]))
+            return DraftTree(proposal.tokens, proposal.parents, probs)
         return proposal
 
 

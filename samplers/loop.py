@@ -40,6 +40,7 @@ def speculative_generate(target: TargetModel, drafter: Drafter | None, rule: Acc
         budget = min(policy.next_length(), max(max_new_tokens - generated[r] for r in active) - 1)
         started = time.perf_counter()
         proposal = drafter.propose(ctx, budget) if drafter is not None and budget > 0 else Draft.empty(len(active))
+        proposal = _cap_rows(proposal, [max_new_tokens - generated[r] - 1 for r in active])
         drafted = time.perf_counter()
         verdict, window = verify_step(target, rule, proposal, processing, ctx)
         verified = time.perf_counter()
@@ -117,6 +118,18 @@ def _validate(prompts: Sequence[torch.Tensor], max_new_tokens: int) -> list[torc
     if any(len(c) == 0 for c in context):
         raise InvalidRequest("every prompt needs at least one token (e.g. a BOS token)")
     return context
+
+
+def _cap_rows(proposal: Draft | DraftTree, room: list[int]) -> Draft | DraftTree:
+    """A chain row drafts no more than it can still commit minus one, so a sample's tokens do not depend on the
+    other rows of its batch (a drafted slot is decided differently from a bonus slot). Trees are left whole:
+    their output stays exact, only batch-invariance near the end of a row is not guaranteed."""
+    if isinstance(proposal, DraftTree) or proposal.length == 0:
+        return proposal
+    drafted = torch.minimum(proposal.drafted(), torch.tensor(room).clamp(min=0))
+    if torch.equal(drafted, proposal.drafted()):
+        return proposal
+    return Draft(proposal.tokens, proposal.draft_probs, drafted, proposal.vocab_ids)
 
 
 def _truncate(tokens: list[int], sources: list[int], remaining: int, stop: set[int]):

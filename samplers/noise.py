@@ -6,8 +6,8 @@ can be checked against the torch path exactly. Each decision uses its own key, s
 positions or purposes are independent.
 
 Hash: Wellons' "lowbias32" 32-bit integer finaliser chained over the key words, computed in int64 with
-products split into 16-bit halves so nothing overflows. Two hashes give 53 bits: u = (m + 0.5) / 2**53,
-strictly inside (0, 1) (float32 `rand` returns exactly 0 far too often for `u < ratio` tests).
+products split into 16-bit halves so nothing overflows. Two hashes give 52 bits: u = (m + 0.5) / 2**52,
+exactly representable and strictly inside (0, 1) (float32 `rand` returns exactly 0 far too often for `u < ratio` tests).
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ def counter_uniform(seed: int, sample, position, purpose: int, lane=0) -> torch.
     h = _mix32(h ^ position)
     h = _mix32(h ^ int(purpose))
     h = _mix32(h ^ lane)
-    high = _mix32(h ^ 0x68E31DA4) >> 5  # 27 bits
+    high = _mix32(h ^ 0x68E31DA4) >> 6  # 26 bits
     low = _mix32(h ^ 0xB5297A4D) >> 6  # 26 bits
-    return ((high * (1 << 26) + low).double() + 0.5) / float(1 << 53)
+    return ((high * (1 << 26) + low).double() + 0.5) / float(1 << 52)  # m + 0.5 is exact below 2**52
 
 
 def counter_exponential(seed: int, sample, position, purpose: int, lane=0) -> torch.Tensor:

@@ -62,7 +62,7 @@ class Draft:
         dense = self.draft_probs.new_zeros(*self.draft_probs.shape[:2], vocab_size)
         return dense.index_copy_(-1, self.vocab_ids, self.draft_probs)
 
-    def as_tree(self, root_tokens: torch.Tensor) -> "DraftTree":
+    def as_tree(self, root_tokens: torch.Tensor, vocab_size: int | None = None) -> "DraftTree":
         """The same proposal as a chain-shaped DraftTree rooted at root_tokens [batch] (ragged rows must not
         occur here: every row keeps all k tokens). Node n + 1 is drafted token n, drawn from draft_probs[:, n]."""
         if self.num_drafted is not None and bool((self.num_drafted != self.length).any()):
@@ -72,7 +72,8 @@ class Draft:
         parents = (torch.arange(k + 1) - 1).expand(batch, k + 1)
         probs = None
         if self.draft_probs is not None:
-            dense = self.draft_probs if self.vocab_ids is None else self.dense_draft_probs(int(self.vocab_ids.max()) + 1)
+            size = vocab_size or (int(self.vocab_ids.max()) + 1 if self.vocab_ids is not None else None)
+            dense = self.draft_probs if self.vocab_ids is None else self.dense_draft_probs(size)
             probs = torch.cat([dense, torch.zeros_like(dense[:, :1])], 1)  # the leaf has no children
         return DraftTree(tokens, parents, probs)
 

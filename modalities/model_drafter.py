@@ -1,0 +1,108 @@
+"""A draft model (any transformers causal LM) as a `Drafter`, optionally over a reduced vocabulary.
+
+The drafter keeps its own position-indexed cache and remembers which tokens it holds per row. Each proposal
+first catches up on committed tokens it has not cached (rolling back to the longest common prefix with the
+committed context, which discards rejected drafts), then samples `budget` tokens one forward at a time under
+its own `Processing`, reporting the law each token was drawn from. Randomness is counter-based, keyed by
+(seed, sample, position, DRAFT), so a row's draft does not depend on the batch it runs in.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specgen.errors import VocabularyMismatch
+from specgen.kernels import sample_categorical
+from specgen.modalities.transformers_adapter import TransformersTarget
+from specgen.samplers.noise import Purpose, counter_uniform
+from specgen.samplers.processing import Processing
+from specgen.samplers.types import DecodeContext, Draft, Verdict
+
+
+class ModelDrafter:
+    """vocab_ids: [draft_vocab] target ids of the draft's tokens (None: the draft shares the target vocabulary).
+    With a reduced vocabulary, target tokens outside it are fed to the draft as `unknown_id` and can never be
+    proposed (draft probability 0), so verification stays exact."""
+
+    def __init__(self, model, processing: Processing, *, target_vocab_size: int | None = None,
+                 vocab_ids: torch.Tensor | None = None, unknown_id: int = 0, capacity: int | None = None):
+        self.engine = TransformersTarget(model, capacity)
+        self.processing = processing
+        draft_vocab = self.engine.vocab_size
+        self.vocab_ids = None if vocab_ids is None else torch.as_tensor(vocab_ids, dtype=torch.long)
+        if self.vocab_ids is None:
+            if target_vocab_size is not None and target_vocab_size != draft_vocab:
+                raise VocabularyMismatch(f"the draft has {draft_vocab} tokens but the target has {target_vocab_size}; "
+                                         "give vocab_ids to map a reduced draft vocabulary into target ids")
+            self.to_draft = None
+        else:
+            if len(self.vocab_ids) > draft_vocab or (target_vocab_size and int(self.vocab_ids.max()) >= target_vocab_size):
+                raise VocabularyMismatch(f"vocab_ids map {len(self.vocab_ids)} draft tokens (max id "
+                                         f"{int(self.vocab_ids.max())}) onto a target of {target_vocab_size} tokens "
+                                         f"with a draft of {draft_vocab} tokens")
+            size = max(int(self.vocab_ids.max()) + 1, target_vocab_size or 0)
+            self.to_draft = torch.full((size,), unknown_id, dtype=torch.long)
+            self.to_draft[self.vocab_ids] = torch.arange(len(self.vocab_ids))
+        self.cached: list[list[int]] = []  # per batch row: the target ids whose KV the draft holds
+        self.forward_calls = 0
+
+    def _draft_ids(self, tokens: torch.Tensor) -> torch.Tensor:
+        return tokens if self.to_draft is None else self.to_draft[tokens]
+
+    def _law(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.vocab_ids is not None:  # draft ids past the mapped ones (e.g. <unk>) are never proposed
+            logits = logits[:, :len(self.vocab_ids)]
+        return self.processing(logits)  # [rows, draft_vocab]
+
+    def propose(self, ctx: DecodeContext, budget: int) -> Draft:
+        rows = ctx.rows
+        if not self.cached or self.engine.cache is None or len(self.cached) <= int(rows.max()):
+            self._reset(int(rows.max()) + 1)
+        pending = self._catch_up(ctx)  # [rows, w] right-padded uncached committed tokens, with counts
+        tokens, counts = pending
+        positions = ctx.next_positions  # position of the first drafted token
+        start = positions[:, None] - counts[:, None] + torch.arange(tokens.shape[1])  # [rows, w]
+        logits = self.engine.score(self._draft_ids(tokens), start, rows)  # [rows, w, vocab]
+        self.forward_calls += 1
+        valid = torch.arange(tokens.shape[1]) < counts[:, None]
+        self.engine.commit(valid, rows)
+        last = logits[torch.arange(len(rows)), counts - 1]  # [rows, vocab]
+        drafted, laws = [], []
+        for d in range(budget):
+            law = self._law(last)
+            index = sample_categorical(law, counter_uniform(ctx.seed, ctx.sample_ids, positions + d, Purpose.DRAFT))
+            token = index if self.vocab_ids is None else self.vocab_ids[index]
+            drafted.append(token)
+            laws.append(law)
+            if d + 1 < budget:  # the last drafted token is fed at the next catch-up, if it is accepted
+                last = self.engine.score(self._draft_ids(token[:, None]), (positions + d)[:, None], rows)[:, 0]
+                self.forward_calls += 1
+                self.engine.commit(torch.ones(len(rows), 1, dtype=torch.bool), rows)
+        for i, row in enumerate(rows.tolist()):
+            self.cached[row] = ctx.tokens[i].tolist() + [int(t[i]) for t in drafted[:-1]]
+        return Draft(torch.stack(drafted, 1), torch.stack(laws, 1), vocab_ids=self.vocab_ids)
+
+    def observe(self, verdict: Verdict) -> None:
+        pass  # the next catch-up compares cached tokens with the committed context
+
+    def _reset(self, batch: int) -> None:
+        self.engine.prefill([torch.zeros(1, dtype=torch.long)] * batch)  # empty caches
+        self.cached = [[] for _ in range(batch)]
+
+    def _catch_up(self, ctx: DecodeContext):
+        """Roll each row back to the longest common prefix of its cache and the committed context; return the
+        committed tokens still to feed (at least the pending one), right-padded, and their counts."""
+        feeds = []
+        for i, row in enumerate(ctx.rows.tolist()):
+            context, cached = ctx.tokens[i].tolist(), self.cached[row]
+            common = 0
+            limit = min(len(cached), len(context) - 1)
+            while common < limit and cached[common] == context[common]:
+                common += 1
+            self.engine.cache.lengths[row] = common
+            feeds.append(context[common:])
+        counts = torch.tensor([len(f) for f in feeds])
+        tokens = torch.zeros(len(feeds), int(counts.max()), dtype=torch.long)
+        for i, feed in enumerate(feeds):
+            tokens[i, :len(feed)] = torch.tensor(feed)
+        return tokens, counts

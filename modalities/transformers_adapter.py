@@ -1,0 +1,155 @@
+"""Any transformers causal LM as a `TargetModel` (and as the engine of model drafters), shared by the text,
+image and speech modalities.
+
+The KV cache is ours: per layer one preallocated [batch, kv_heads, capacity, head_dim] tensor, indexed by
+position, with a length per row. Scoring writes the new keys/values at slots length..length+n-1 of each row
+and attends through an explicit 4-D mask (cached prefix + the slot's ancestors; sliding-window layers also
+drop keys that are `sliding_window` or more positions back). `commit` compacts the kept slots and advances
+the lengths; rolling back is just not advancing. Correctness therefore never depends on
+`DynamicCache.crop` (Gemma 3's sliding-window layers refuse to crop past their window) and rows of a batch
+can accept different numbers of tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from transformers.cache_utils import Cache
+
+from specgen.errors import InvalidRequest
+
+
+class PositionCache(Cache):
+    """Position-indexed KV storage with per-row lengths. `rows` selects the batch rows of the current forward."""
+
+    def __init__(self, batch_size: int, capacity: int):
+        super().__init__(layers=[])
+        self.rows_total, self.capacity = batch_size, capacity
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+        self.lengths = torch.zeros(batch_size, dtype=torch.long)
+        self.rows = torch.arange(batch_size)
+        self.window = 0  # slots written by the current forward
+
+    def begin(self, rows: torch.Tensor, window: int) -> int:
+        """Prepare a forward over `rows` writing `window` slots per row; returns the key length it attends."""
+        if int(self.lengths[rows].max()) + window > self.capacity:
+            raise InvalidRequest(f"the context would exceed the model's maximum length of {self.capacity} tokens")
+        self.rows, self.window = rows, window
+        return int(self.lengths[rows].max()) + window
+
+    def _all_rows(self) -> bool:
+        return len(self.rows) == self.rows_total and bool((self.rows == torch.arange(self.rows_total)).all())
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        # key_states: [rows, kv_heads, window, head_dim]
+        if layer_idx not in self.keys:
+            shape = (self.rows_total, key_states.shape[1], self.capacity, key_states.shape[-1])
+            self.keys[layer_idx] = key_states.new_zeros(shape)
+            self.values[layer_idx] = value_states.new_zeros(shape[:3] + value_states.shape[-1:])
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        slots = self.lengths[self.rows][:, None] + torch.arange(key_states.shape[2])  # [rows, window]
+        rows = self.rows[:, None]
+        keys[rows, :, slots] = key_states.transpose(1, 2)  # advanced indices first: [rows, window, heads, dim]
+        values[rows, :, slots] = value_states.transpose(1, 2)
+        width = int(self.lengths[self.rows].max()) + key_states.shape[2]
+        if self._all_rows():
+            return keys[:, :, :width], values[:, :, :width]
+        return keys[self.rows, :, :width], values[self.rows, :, :width]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return int(self.lengths.max())
+
+    def commit(self, kept: torch.Tensor) -> None:
+        """kept: [rows, window] bool over the slots of the last forward; move them to the front in order."""
+        counts = kept.sum(-1)
+        order = torch.argsort((~kept).int(), dim=-1, stable=True)  # kept slot indices first, in slot order
+        is_prefix = bool((order == torch.arange(kept.shape[1])).all())
+        if not is_prefix:  # tree acceptance: gather the accepted path (chains keep a prefix: nothing moves)
+            base = self.lengths[self.rows][:, None]
+            src, dst = base + order, base + torch.arange(kept.shape[1])
+            valid = torch.arange(kept.shape[1]) < counts[:, None]
+            rows = self.rows[:, None].expand_as(src)[valid]
+            src, dst = src[valid], dst[valid]
+            for storage in (*self.keys.values(), *self.values.values()):
+                storage[rows, :, dst] = storage[rows, :, src]
+        self.lengths[self.rows] += counts
+
+
+class TransformersTarget:
+    """A `TargetModel` over a transformers causal LM with a `PositionCache`.
+
+    Set `model.config._attn_implementation` as you like ("sdpa" or "eager"); the mask is always explicit."""
+
+    def __init__(self, model, capacity: int | None = None):
+        self.model = model.eval()
+        config = model.config
+        self.vocab_size = config.vocab_size
+        self.capacity = capacity or getattr(config, "max_position_embeddings", 2048)
+        layer_types = getattr(config, "layer_types", None) or []
+        self.sliding_window = getattr(config, "sliding_window", None) if "sliding_attention" in layer_types else None
+        self.layer_types = sorted(set(layer_types))
+        self.cache: PositionCache | None = None
+        self.forward_calls = 0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def prefill(self, prompts: Sequence[torch.Tensor]) -> None:
+        """Cache every prompt token but the last (the pending token) of every row."""
+        self.cache = PositionCache(len(prompts), self.capacity)
+        lengths = [len(p) - 1 for p in prompts]
+        if max(lengths) + 1 > self.capacity:
+            raise InvalidRequest(f"a prompt of {max(lengths) + 1} tokens exceeds the model's maximum length of "
+                                 f"{self.capacity} tokens")
+        if max(lengths) == 0:
+            return
+        width = max(lengths)
+        tokens = torch.zeros(len(prompts), width, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            tokens[row, :lengths[row]] = torch.as_tensor(prompt[:-1])
+        positions = torch.arange(width).expand(len(prompts), width)
+        valid = positions < torch.tensor(lengths)[:, None]
+        # padded slots attend only to themselves; their keys are never kept
+        mask = torch.ones(width, width, dtype=torch.bool).tril() & valid[:, None, :]
+        mask |= torch.eye(width, dtype=torch.bool)
+        rows = torch.arange(len(prompts))
+        self._forward(tokens, positions, rows, mask, logits_to_keep=1)
+        self.cache.commit(valid)
+
+    def score(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
+              tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+        n = tokens.shape[1]
+        mask = tree_mask if tree_mask is not None else torch.ones(n, n, dtype=torch.bool).tril().expand(len(rows), n, n)
+        return self._forward(tokens, positions, rows, mask).logits
+
+    def commit(self, kept: torch.Tensor, rows: torch.Tensor) -> None:
+        self.cache.rows = rows
+        self.cache.commit(kept)
+
+    @torch.no_grad()  # not inference_mode: the cache tensors are updated in place later
+    def _forward(self, tokens, positions, rows, window_mask, logits_to_keep=0):
+        """tokens/positions: [rows, n]; window_mask: [rows, n, n] bool (slot attends to slot)."""
+        self.forward_calls += 1
+        n = tokens.shape[1]
+        width = self.cache.begin(rows, n)
+        lengths = self.cache.lengths[rows]  # [rows]
+        cols = torch.arange(width)
+        cached = cols[None, None, :] < lengths[:, None, None]  # [rows, 1, width]
+        new_col = cols[None, :] - lengths[:, None]  # [rows, width]: which new slot a column holds
+        in_window = (new_col >= 0) & (new_col < n)
+        visible = window_mask.gather(2, new_col.clamp(0, n - 1)[:, None, :].expand(-1, n, -1))  # [rows, n, width]
+        visible = cached | (visible & in_window[:, None, :])
+        key_positions = torch.where(in_window, positions.gather(1, new_col.clamp(0, n - 1)), cols[None, :])
+        masks = {"full_attention": visible}
+        if self.sliding_window is not None:
+            recent = positions[:, :, None] - key_positions[:, None, :] < self.sliding_window
+            masks["sliding_attention"] = visible & recent
+        dtype = self.dtype
+        additive = {name: torch.zeros(m.shape, dtype=dtype).masked_fill(~m, torch.finfo(dtype).min)[:, None]
+                    for name, m in masks.items()}  # [rows, 1, n, width]
+        attention_mask = additive if self.layer_types else additive["full_attention"]
+        return self.model(input_ids=tokens, position_ids=positions, attention_mask=attention_mask, cache=self.cache,
+                          use_cache=True, logits_to_keep=logits_to_keep)

@@ -1,0 +1,160 @@
+"""The transformers adapter: a position-indexed cache that rolls back and compacts exactly (float64, tiny
+random Llama and Gemma 3 configs, sliding window 8 over 40+ tokens), ragged batches equal rows run alone,
+and the whole loop on a tiny random model: greedy equality and a chi-square test against the exact target."""
+
+import pytest
+import torch
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
+
+from specgen.modalities.model_drafter import ModelDrafter
+from specgen.modalities.transformers_adapter import TransformersTarget
+from specgen.samplers.acceptance import ChainRejection, GreedyMatch, TreeRejection
+from specgen.samplers.chisquare import goodness_of_fit
+from specgen.samplers.loop import generate
+from specgen.samplers.policies import FixedLength
+from specgen.samplers.processing import Processing
+from specgen.samplers.types import DraftTree
+
+VOCAB = 48
+
+
+def tiny_llama(seed=0, vocab=VOCAB, layers=2, hidden=32):
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    return LlamaForCausalLM(config).double().eval()
+
+
+def tiny_gemma3(seed=0):
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                              num_attention_heads=4, num_key_value_heads=1, head_dim=8, max_position_embeddings=128,
+                              sliding_window=8, layer_types=["sliding_attention", "sliding_attention", "full_attention"])
+    return Gemma3ForCausalLM(config).double().eval()
+
+
+def full_logits(model, tokens):
+    with torch.inference_mode():
+        return model(torch.as_tensor(tokens)[None]).logits[0]
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+def test_rollback_and_continue_equals_a_fresh_forward(make):
+    model = make()
+    sequence = torch.randint(0, VOCAB, (46,), generator=torch.Generator().manual_seed(1))
+    reference = full_logits(model, sequence)
+    target = TransformersTarget(model)
+    target.prefill([sequence[:5]])
+    position, row = 4, torch.tensor([0])
+    while position < len(sequence) - 1:
+        n = min(5, len(sequence) - position)
+        logits = target.score(sequence[position:position + n][None], torch.arange(position, position + n)[None], row)
+        assert torch.allclose(logits[0], reference[position:position + n], atol=1e-10)
+        keep = min(2, n)  # roll back the rest
+        target.commit(torch.arange(n)[None] < keep, row)
+        position += keep
+    assert position >= 44
+
+
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+def test_tree_scoring_and_compaction(make):
+    model = make()
+    prompt = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(2))
+    #        0  1  2  3  4  5  6      node 0 = the pending last prompt token
+    parents = [-1, 0, 0, 1, 1, 2, 3]
+    tokens = [int(prompt[-1]), 5, 7, 9, 11, 13, 15]
+    tree = DraftTree.from_parents(tokens, parents)
+    target = TransformersTarget(model)
+    target.prefill([prompt])
+    start = len(prompt) - 1
+    logits = target.score(tree.tokens, start + tree.depths, torch.tensor([0]), tree.ancestor_mask)
+    for node in range(len(tokens)):
+        path = tree.ancestor_mask[0, node].nonzero().flatten().tolist()[1:]
+        context = prompt.tolist() + [tokens[i] for i in path]
+        assert torch.allclose(logits[0, node], full_logits(model, context)[-1], atol=1e-10)
+    accepted_path = torch.tensor([[0, 1, 4]])  # keep root -> 1 -> 4 (node 4 is not adjacent to node 1)
+    target.commit(tree.kept_slots(accepted_path), torch.tensor([0]))
+    context = prompt.tolist() + [5, 11, 3]
+    after = target.score(torch.tensor([[3]]), torch.tensor([[len(context) - 1]]), torch.tensor([0]))
+    assert torch.allclose(after[0, 0], full_logits(model, context)[-1], atol=1e-10)
+
+
+def test_ragged_batch_equals_rows_alone():
+    model = tiny_gemma3(3)
+    generator = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=generator) for n in (3, 11, 7)]
+    drafts = torch.randint(0, VOCAB, (3, 4), generator=generator)
+    batch = TransformersTarget(model)
+    batch.prefill(prompts)
+    alone = [TransformersTarget(model) for _ in prompts]
+    for target, prompt in zip(alone, prompts):
+        target.prefill([prompt])
+    pending = torch.tensor([int(p[-1]) for p in prompts])
+    starts = torch.tensor([len(p) - 1 for p in prompts])
+    accepted = torch.tensor([0, 3, 1])  # different acceptance counts per row
+    for step in range(3):
+        tokens = torch.cat([pending[:, None], drafts], 1)
+        positions = starts[:, None] + torch.arange(5)
+        logits = batch.score(tokens, positions, torch.arange(3))
+        kept = torch.arange(5) < (accepted + 1)[:, None]
+        batch.commit(kept, torch.arange(3))
+        for r, target in enumerate(alone):
+            single = target.score(tokens[r:r + 1], positions[r:r + 1], torch.tensor([0]))
+            assert torch.allclose(single[0], logits[r], atol=1e-10), (step, r)
+            target.commit(kept[r:r + 1], torch.tensor([0]))
+        pending = tokens.gather(1, (accepted + 1)[:, None]).squeeze(1)
+        starts = starts + accepted + 1
+        accepted = (accepted + 1) % 4
+
+
+def test_greedy_speculative_equals_plain_greedy_on_a_random_model():
+    target_model, draft_model = tiny_llama(4), tiny_llama(5, layers=1, hidden=16)
+    greedy = Processing(temperature=0)
+    prompts = [torch.tensor([1, 2, 3]), torch.tensor([7]), torch.tensor([4, 4, 9, 10, 11])]
+    plain = generate(TransformersTarget(target_model), None, GreedyMatch(), prompts, processing=greedy,
+                     max_new_tokens=24)
+    spec = generate(TransformersTarget(target_model), ModelDrafter(draft_model, Processing()), GreedyMatch(), prompts,
+                    processing=greedy, max_new_tokens=24, policy=FixedLength(4))
+    assert spec.tokens == plain.tokens
+    # the target as its own (greedy) draft: everything is accepted, 5 tokens per step
+    self_draft = generate(TransformersTarget(target_model), ModelDrafter(target_model, greedy), GreedyMatch(),
+                          prompts, processing=greedy, max_new_tokens=24, policy=FixedLength(4))
+    assert self_draft.tokens == plain.tokens and self_draft.stats["steps"] == 5
+
+
+def test_self_draft_accepts_everything():
+    """draft == target: every drafted token is accepted, at any temperature."""
+    model = tiny_llama(6)
+    processing = Processing(temperature=0.9)
+    result = generate(TransformersTarget(model), ModelDrafter(model, processing), ChainRejection(),
+                      [torch.tensor([3, 1])], processing=processing, max_new_tokens=20, policy=FixedLength(4))
+    assert result.stats["accepted"] == result.stats["drafted"] > 0
+
+
+def _exact_joint(model, processing, prompt, horizon):
+    joint = {(): 1.0}
+    for _ in range(horizon):
+        grown = {}
+        for prefix, prob in joint.items():
+            law = processing(full_logits(model, list(prompt) + list(prefix))[-1])
+            for token in range(law.shape[-1]):
+                if law[token] > 0:
+                    grown[prefix + (token,)] = prob * float(law[token])
+        joint = grown
+    return joint
+
+
+@pytest.mark.slow
+def test_sampling_matches_the_target_on_a_random_model():
+    """Chi-square of 3-token continuations from a tiny random Llama (vocabulary 6) against its exact joint."""
+    target_model, draft_model = tiny_llama(7, vocab=6), tiny_llama(8, vocab=6, layers=1, hidden=16)
+    processing = Processing(temperature=1.0)
+    prompt = [1, 2]
+    samples = 3000
+    expected = _exact_joint(target_model, processing, prompt, 3)
+    for rule, drafter in ((ChainRejection(), ModelDrafter(draft_model, Processing(temperature=1.3))),
+                          (ChainRejection(), None)):
+        result = generate(TransformersTarget(target_model), drafter, rule, [torch.tensor(prompt)] * samples,
+                          processing=processing, max_new_tokens=3, policy=FixedLength(3), seed=11)
+        fit = goodness_of_fit([tuple(t) for t in result.tokens], expected)
+        assert fit.p_value > 1e-4, fit
