@@ -169,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    description="Generate with a draft-verify method.")
     kinds = generate.add_subparsers(dest="modality", metavar="MODALITY", required=True)
     for modality in registry.MODALITIES:
-        p = command(kinds, modality, f"generate {modality}", f"generate {modality}")
+        p = command(kinds, modality, f"generate {modality}", f"generate {modality}",
+                    handler=_generate_text if modality == "text" else None)
         if modality == "speech":
             p.add_argument("--text", required=True, type=_non_empty, help="the text to speak")
         elif modality == "text":
@@ -185,8 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--draft", help="draft model path or id (methods with a draft model)")
             p.add_argument("--max-new-tokens", type=_int_at_least(1), default=128, metavar="N",
                            help="default: 128")
-            p.add_argument("--temperature", type=_temperature, default=1.0, metavar="T",
-                           help="0 means greedy (default: 1.0)")
+            p.add_argument("--temperature", type=_temperature, default=0.0, metavar="T",
+                           help="0 means greedy (default: 0)")
             p.add_argument("--top-p", type=_top_p, default=1.0, metavar="P",
                            help="nucleus mass in (0, 1] (default: 1.0)")
             p.add_argument("--num-samples", type=_int_at_least(1), default=1, metavar="N",
@@ -271,6 +272,12 @@ def _use_threads(threads: int) -> None:
     import torch  # only commands that run torch work get here
 
     torch.set_num_threads(threads)
+
+
+def _generate_text(args: argparse.Namespace) -> int:
+    from specgen.app.text_commands import generate_text
+
+    return generate_text(args)
 
 
 def _selfcheck(args: argparse.Namespace) -> int:

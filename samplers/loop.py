@@ -127,9 +127,11 @@ def _cap_rows(proposal: Draft | DraftTree, room: list[int]) -> Draft | DraftTree
     if isinstance(proposal, DraftTree) or proposal.length == 0:
         return proposal
     drafted = torch.minimum(proposal.drafted(), torch.tensor(room).clamp(min=0))
-    if torch.equal(drafted, proposal.drafted()):
+    width = int(drafted.max())  # no row drafts past this: do not score padding
+    if width == proposal.length and torch.equal(drafted, proposal.drafted()):
         return proposal
-    return Draft(proposal.tokens, proposal.draft_probs, drafted, proposal.vocab_ids)
+    probs = None if proposal.draft_probs is None else proposal.draft_probs[:, :width]
+    return Draft(proposal.tokens[:, :width], probs, drafted, proposal.vocab_ids)
 
 
 def _truncate(tokens: list[int], sources: list[int], remaining: int, stop: set[int]):

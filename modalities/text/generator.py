@@ -1,0 +1,161 @@
+"""`TextGenerator`: text generation with any transformers causal LM, plain or speculative.
+
+Methods come from the registry: `ar` (plain decoding), `draft` (a draft model, exact rejection sampling or
+greedy matching), `ngram` (prompt lookup). Without arguments it loads the small code model pair trained
+here and shipped in `assets/code/`. Everything runs offline; a path that does not exist raises ModelNotFound.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from specgen.errors import InvalidRequest, ModelNotFound, VocabularyMismatch
+from specgen.modalities.model_drafter import ModelDrafter
+from specgen.modalities.text.ngram import PromptLookupDrafter
+from specgen.modalities.transformers_adapter import TransformersTarget
+from specgen.samplers.acceptance import make_rule
+from specgen.samplers.loop import speculative_generate
+from specgen.samplers.policies import make_policy
+from specgen.samplers.processing import Processing
+from specgen.samplers.registry import get_method
+from specgen.samplers.stats import SpecStats
+from specgen.samplers.types import StepEvent
+
+
+def assets_dir() -> Path:
+    """The shipped checkpoints (`SPECGEN_ASSETS` overrides; the default is the source checkout's assets/)."""
+    return Path(os.environ.get("SPECGEN_ASSETS", Path(__file__).resolve().parents[2] / "assets"))
+
+
+def default_models() -> tuple[str, str]:
+    code = assets_dir() / "code"
+    return str(code / "target"), str(code / "draft")
+
+
+def load_causal_lm(path: str, dtype=torch.float32):
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # small checkpoints load instantly; keep stderr for our own lines
+    if os.sep in path and not Path(path).exists():
+        raise ModelNotFound(f"model path {path!r} does not exist")
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True).eval()
+    except (OSError, ValueError) as exc:
+        raise ModelNotFound(f"cannot load model {path!r} offline: {str(exc).splitlines()[0]}") from None
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    for candidate in (path, str(Path(path).parent)):  # the shipped pair keeps one tokenizer beside both models
+        try:
+            return AutoTokenizer.from_pretrained(candidate, local_files_only=True)
+        except (OSError, ValueError):
+            continue
+    raise ModelNotFound(f"no tokenizer found for {path!r} (looked in the folder and its parent)")
+
+
+@dataclass(frozen=True)
+class TextResult:
+    text: str
+    tokens: list[int]
+    stats: dict
+    samples: list[dict]  # one {"text", "tokens"} per sample
+
+
+class TextGenerator:
+    def __init__(self, model: str | None = None, draft: str | None = None, *, threads: int | None = 1,
+                 dtype: torch.dtype = torch.float32):
+        if threads:
+            torch.set_num_threads(threads)
+        default_target, default_draft = default_models()
+        self.model_path = model or default_target
+        self.draft_path = draft or (default_draft if model is None else None)
+        self.model = load_causal_lm(self.model_path, dtype)
+        self.tokenizer = load_tokenizer(self.model_path)
+        self._draft_model = None
+        self.dtype = dtype
+
+    @property
+    def draft_model(self):
+        if self._draft_model is None:
+            if self.draft_path is None:
+                raise InvalidRequest("method 'draft' needs a draft model (--draft PATH)")
+            self._draft_model = load_causal_lm(self.draft_path, self.dtype)
+            draft_vocab, target_vocab = self._draft_model.config.vocab_size, self.model.config.vocab_size
+            if draft_vocab != target_vocab:
+                raise VocabularyMismatch(f"the draft's vocabulary ({draft_vocab} tokens) does not map onto the "
+                                         f"target's ({target_vocab} tokens)")
+        return self._draft_model
+
+    def encode(self, prompt: str) -> torch.Tensor:
+        if not isinstance(prompt, str) or not prompt:
+            raise InvalidRequest("the prompt is empty")
+        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        bos = self.tokenizer.bos_token_id
+        if bos is not None and (not ids or ids[0] != bos):
+            ids = [bos] + ids
+        return torch.tensor(ids, dtype=torch.long)
+
+    def stream(self, prompt: str, *, method: str = "draft", max_new_tokens: int = 128, temperature: float = 0.0,
+               top_p: float = 1.0, top_k: int = 0, seed: int = 0, num_samples: int = 1,
+               stats: SpecStats | None = None, **params) -> Iterator[StepEvent]:
+        spec = get_method("text", method)
+        knobs = spec.resolve_knobs(params)
+        if num_samples < 1:
+            raise InvalidRequest(f"num_samples must be >= 1, got {num_samples}")
+        processing = Processing(temperature=temperature, top_p=top_p, top_k=top_k)
+        prompt_ids = self.encode(prompt)
+        capacity = getattr(self.model.config, "max_position_embeddings", 2048)
+        if max_new_tokens < 1 or len(prompt_ids) + max_new_tokens > capacity:
+            raise InvalidRequest(f"max_new_tokens must be between 1 and {capacity - len(prompt_ids)} for this prompt "
+                                 f"({len(prompt_ids)} tokens, context {capacity}), got {max_new_tokens}")
+        drafter = self._drafter(spec.drafter, knobs, processing)
+        policy = make_policy(knobs.get("length_schedule", "fixed"), knobs.get("num_draft_tokens", 0))
+        eos = self.tokenizer.eos_token_id
+        yield from speculative_generate(
+            TransformersTarget(self.model), drafter, make_rule(spec.rule, processing), [prompt_ids] * num_samples,
+            processing=processing, max_new_tokens=max_new_tokens, policy=policy, seed=seed,
+            stop_tokens=() if eos is None else (eos,), stats=stats)
+
+    def generate(self, prompt: str, *, method: str = "draft", **options) -> TextResult:
+        stats = SpecStats()
+        started = time.perf_counter()
+        num_samples = options.get("num_samples", 1)
+        tokens: list[list[int]] = [[] for _ in range(num_samples)]
+        for event in self.stream(prompt, method=method, stats=stats, **options):
+            tokens[event.row].extend(event.tokens)
+        wall_s = time.perf_counter() - started
+        spec = get_method("text", method)
+        summary = stats.summary(method=method, lossless=spec.lossless, wall_s=wall_s,
+                                ar_step_s=self.measure_step_s(prompt))
+        samples = [{"text": self.tokenizer.decode(t, skip_special_tokens=True), "tokens": t} for t in tokens]
+        return TextResult(samples[0]["text"], samples[0]["tokens"], summary, samples)
+
+    def measure_step_s(self, prompt: str, repeats: int = 3) -> float:
+        """Median time of one plain decoding step (one token scored after the prompt): T_ar for the cost model."""
+        target = TransformersTarget(self.model)
+        ids = self.encode(prompt)
+        times = []
+        for _ in range(repeats):
+            target.prefill([ids])
+            started = time.perf_counter()
+            target.score(ids[-1:][None], torch.tensor([[len(ids) - 1]]), torch.tensor([0]))
+            times.append(time.perf_counter() - started)
+        return sorted(times)[len(times) // 2]
+
+    def _drafter(self, kind: str | None, knobs: dict, processing: Processing):
+        if kind is None:
+            return None
+        if kind == "model":
+            return ModelDrafter(self.draft_model, processing, target_vocab_size=self.model.config.vocab_size)
+        if kind == "ngram":
+            return PromptLookupDrafter(knobs["max_matching_ngram_size"])
+        raise InvalidRequest(f"unknown drafter {kind!r}")
