@@ -1,39 +1,62 @@
 """Hot-path ops of verification, behind one dispatch setting.
 
-Each op has exactly one torch implementation (`kernels.reference`, the specification). Triton kernels join
-them with the same signatures; `set_backend("torch" | "triton" | "auto")` (or SPECGEN_KERNELS) chooses.
+Each op has exactly one torch implementation (`kernels.reference`, the specification and the CPU path) and,
+where written, a Triton kernel with the same signature (`kernels.triton_ops`). `set_backend` (or the
+SPECGEN_KERNELS environment variable) chooses: "auto" (default) runs Triton on CUDA tensors and torch
+elsewhere; "torch" always torch; "triton" always Triton (on a CPU only under TRITON_INTERPRET=1, for tests).
 Samplers call these names and never keep private copies of the math.
 """
 
 from __future__ import annotations
 
 import os
+from importlib.util import find_spec
 
 from specgen.kernels import reference
 
-OPS = ("rejection_sample", "greedy_verify", "sample_categorical", "accept_probability", "residual_probs", "ancestor_mask",
-       "sibling_step", "tree_children", "tree_rejection_sample")
-_BACKENDS = {"torch": reference}
-_backend = os.environ.get("SPECGEN_KERNELS", "torch")
+OPS = ("rejection_sample", "greedy_verify", "sample_categorical", "accept_probability", "residual_probs",
+       "ancestor_mask", "sibling_step", "tree_children", "tree_rejection_sample")
+TRITON_OPS = ("rejection_sample", "greedy_verify", "ancestor_mask")
+HAS_TRITON = find_spec("triton") is not None
+BACKENDS = ("auto", "torch", "triton")
+_backend = os.environ.get("SPECGEN_KERNELS", "auto")
 
 
 def set_backend(name: str) -> None:
-    """Choose the implementation for every op ("auto" = the fastest available, today torch)."""
     global _backend
-    if name not in (*_BACKENDS, "auto"):
+    if name not in BACKENDS:
         from specgen.errors import InvalidRequest
 
-        raise InvalidRequest(f"unknown kernel backend {name!r}; available: {', '.join(_BACKENDS)}, auto")
+        raise InvalidRequest(f"unknown kernel backend {name!r}; choose from: {', '.join(BACKENDS)}")
+    if name == "triton" and not HAS_TRITON:
+        from specgen.errors import MissingExtra
+
+        raise MissingExtra("the triton backend needs the triton package")
     _backend = name
 
 
 def backend() -> str:
-    return "torch" if _backend == "auto" or _backend not in _BACKENDS else _backend
+    return _backend
+
+
+def _triton_module():
+    from specgen.kernels import triton_ops  # imported on first use: TRITON_INTERPRET is read at import
+
+    return triton_ops
+
+
+def _uses_triton(name: str, args) -> bool:
+    if name not in TRITON_OPS or not HAS_TRITON or _backend == "torch":
+        return False
+    if _backend == "triton":
+        return True
+    return any(getattr(a, "is_cuda", False) for a in args)  # auto: CUDA tensors go to Triton
 
 
 def _op(name: str):
     def dispatched(*args, **kwargs):
-        return getattr(_BACKENDS[backend()], name)(*args, **kwargs)
+        module = _triton_module() if _uses_triton(name, args) else reference
+        return getattr(module, name)(*args, **kwargs)
 
     dispatched.__name__ = name
     dispatched.__doc__ = getattr(reference, name).__doc__

@@ -101,8 +101,11 @@ def rejection_sample(
         draft_at_stop = point_mass
     else:
         draft_at_stop = draft_probs[rows, num_accepted.clamp(max=k - 1)] if k else torch.zeros_like(target_at_stop)
-    emit_law = torch.where(rejected[:, None], residual_probs(target_at_stop, draft_at_stop), target_at_stop.double())
-    emitted = sample_categorical(emit_law, emit_uniform.gather(1, num_accepted[:, None]).squeeze(1))
+    # Unnormalised weights: sample_categorical scales its uniform by their total.
+    residual = (target_at_stop.double() - draft_at_stop.double()).clamp(min=0.0)
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, target_at_stop.double())  # p == q: any
+    emit_weights = torch.where(rejected[:, None], residual, target_at_stop.double())
+    emitted = sample_categorical(emit_weights, emit_uniform.gather(1, num_accepted[:, None]).squeeze(1))
     return _commit_layout(draft_tokens, num_accepted, emitted), num_accepted
 
 
