@@ -319,8 +319,10 @@ def test_ancestor_mask_batched_rows_are_independent():
 
 
 def test_backend_dispatch():
-    assert kernels.backend() == "torch"
+    assert kernels.backend() == "auto"  # CUDA tensors go to Triton, CPU tensors to torch
     assert set(kernels.OPS) <= set(dir(kernels))
+    assert not kernels._uses_triton("rejection_sample", (torch.zeros(1),))
+    assert not kernels._uses_triton("sample_categorical", (torch.zeros(1),))  # no kernel: always torch
     with pytest.raises(InvalidRequest):
         kernels.set_backend("no-such-backend")
-    assert kernels.backend() == "torch"
+    assert kernels.backend() == "auto"
