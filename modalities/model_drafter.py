@@ -70,7 +70,10 @@ class ModelDrafter:
         drafted, laws = [], []
         for d in range(budget):
             law = self._law(last)
-            index = sample_categorical(law, counter_uniform(ctx.seed, ctx.sample_ids, positions + d, Purpose.DRAFT))
+            if self.processing.greedy:
+                index = law.argmax(-1)
+            else:
+                index = sample_categorical(law, counter_uniform(ctx.seed, ctx.sample_ids, positions + d, Purpose.DRAFT))
             token = index if self.vocab_ids is None else self.vocab_ids[index]
             drafted.append(token)
             laws.append(law)

@@ -18,6 +18,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from specgen.errors import InvalidRequest
+from specgen.modalities import llama_runner
 
 
 class PositionCache(Cache):
@@ -82,8 +83,10 @@ class TransformersTarget:
 
     Set `model.config._attn_implementation` as you like ("sdpa" or "eager"); the mask is always explicit."""
 
-    def __init__(self, model, capacity: int | None = None):
+    def __init__(self, model, capacity: int | None = None, fast: bool = True):
         self.model = model.eval()
+        # Llama-architecture checkpoints run through a compact forward of ours (same weights, same arithmetic)
+        self.runner = llama_runner.LlamaRunner(model) if fast and llama_runner.supports(model) else None
         config = model.config
         self.vocab_size = config.vocab_size
         self.capacity = capacity or getattr(config, "max_position_embeddings", 2048)
@@ -123,7 +126,7 @@ class TransformersTarget:
               tree_mask: torch.Tensor | None = None) -> torch.Tensor:
         n = tokens.shape[1]
         mask = tree_mask if tree_mask is not None else torch.ones(n, n, dtype=torch.bool).tril().expand(len(rows), n, n)
-        return self._forward(tokens, positions, rows, mask).logits
+        return self._forward(tokens, positions, rows, mask)
 
     def commit(self, kept: torch.Tensor, rows: torch.Tensor) -> None:
         self.cache.rows = rows
@@ -151,5 +154,7 @@ class TransformersTarget:
         additive = {name: torch.zeros(m.shape, dtype=dtype).masked_fill(~m, torch.finfo(dtype).min)[:, None]
                     for name, m in masks.items()}  # [rows, 1, n, width]
         attention_mask = additive if self.layer_types else additive["full_attention"]
+        if self.runner is not None:
+            return self.runner.forward(tokens, positions, self.cache, attention_mask, logits_to_keep)
         return self.model(input_ids=tokens, position_ids=positions, attention_mask=attention_mask, cache=self.cache,
-                          use_cache=True, logits_to_keep=logits_to_keep)
+                          use_cache=True, logits_to_keep=logits_to_keep).logits

@@ -24,6 +24,7 @@ class GreedyMatch:
 
     lossless = True
     name = "greedy"
+    uses_noise = False
 
     def decision_probs(self, draft: Draft, target_probs: torch.Tensor) -> Decisions:
         k = draft.length

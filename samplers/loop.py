@@ -66,20 +66,21 @@ def verify_step(target: TargetModel, rule: AcceptanceRule, proposal: Draft | Dra
     """Score the proposal in one target forward pass, accept, and keep the accepted slots' KV.
     Returns the verdict and the window size (slots scored per row)."""
     pending = torch.tensor([int(t[-1]) for t in ctx.tokens])  # [rows] last committed token, not yet cached
+    random = getattr(rule, "uses_noise", True)  # greedy matching needs no randomness
     start = ctx.next_positions - 1  # [rows] its position
     if isinstance(proposal, DraftTree):
         if bool((proposal.tokens[:, 0] != pending).any()):
             raise InvalidRequest("a DraftTree's root must be the row's last committed token")
         tokens, positions, mask = proposal.tokens, start[:, None] + proposal.depths, proposal.ancestor_mask
-        noise = tree_noise(ctx.seed, ctx.sample_ids, start, proposal.depths, proposal.sibling_rank)
+        noise = tree_noise(ctx.seed, ctx.sample_ids, start, proposal.depths, proposal.sibling_rank) if random else None
     else:
         tokens, mask = torch.cat([pending[:, None], proposal.tokens], 1), None  # [rows, k + 1]
         positions = start[:, None] + torch.arange(tokens.shape[1])
-        noise = chain_noise(ctx.seed, ctx.sample_ids, start, proposal.length)
+        noise = chain_noise(ctx.seed, ctx.sample_ids, start, proposal.length) if random else None
     scores = target.score(tokens, positions, ctx.rows, mask)
     cond, uncond = scores if isinstance(scores, tuple) else (scores, None)
     target_probs = processing(cond, positions + 1, uncond)  # slot i is the law of the token at position i + 1
-    verdict = rule(proposal, target_probs, AcceptanceNoise(*noise))
+    verdict = rule(proposal, target_probs, AcceptanceNoise(*noise) if random else None)
     if isinstance(proposal, DraftTree):
         kept = proposal.kept_slots(verdict.accepted_path)
     else:

@@ -5,8 +5,8 @@ results are reproducible, sample i of N is seeded (seed, i) and independent of b
 can be checked against the torch path exactly. Each decision uses its own key, so decisions at different
 positions or purposes are independent.
 
-Hash: Wellons' "lowbias32" 32-bit integer finaliser chained over the key words, computed in int64 with
-products split into 16-bit halves so nothing overflows. Two hashes give 52 bits: u = (m + 0.5) / 2**52,
+Hash: Wellons' "lowbias32" 32-bit integer finaliser chained over the key words, in uint64 arithmetic masked
+to 32 bits (the Triton kernels can do the same in uint32). Two hashes give 52 bits: u = (m + 0.5) / 2**52,
 exactly representable and strictly inside (0, 1) (float32 `rand` returns exactly 0 far too often for `u < ratio` tests).
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+import numpy as np
 import torch
 
 _MASK32 = 0xFFFFFFFF
@@ -26,32 +27,36 @@ class Purpose(IntEnum):
     DRAFT_GUMBEL = 4  # per-vocabulary noise for sampling without replacement
 
 
-def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:
-    low, high = constant & 0xFFFF, constant >> 16
-    return (x * low + (((x * high) & 0xFFFF) << 16)) & _MASK32
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
+def _mix32(x: np.ndarray) -> np.ndarray:
+    # uint64 holds the product of two 32-bit numbers exactly; masking keeps the low 32 bits
     x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
+    x = (x * 0x7FEB352D) & _MASK32
     x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
+    x = (x * 0x846CA68B) & _MASK32
     return x ^ (x >> 16)
 
 
+def _words(value) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value, dtype=np.int64).astype(np.uint64) & np.uint64(_MASK32)
+
+
 def counter_uniform(seed: int, sample, position, purpose: int, lane=0) -> torch.Tensor:
-    """float64 uniforms in (0, 1), one per broadcast element of (sample, position, lane)."""
-    sample, position, lane = (torch.as_tensor(v, dtype=torch.long) & _MASK32 for v in (sample, position, lane))
+    """float64 uniforms in (0, 1), one per broadcast element of (sample, position, lane). Computed with numpy
+    integer arithmetic on the host: a handful of vector ops instead of hundreds of tiny torch launches."""
+    sample, position, lane = _words(sample), _words(position), _words(lane)
     seed &= (1 << 64) - 1
-    h = _mix32(torch.tensor(seed & _MASK32, dtype=torch.long) ^ 0x9E3779B9)
-    h = _mix32(h ^ (seed >> 32))
+    h = _mix32(np.uint64(seed & _MASK32) ^ np.uint64(0x9E3779B9))
+    h = _mix32(h ^ np.uint64(seed >> 32))
     h = _mix32(h ^ sample)
     h = _mix32(h ^ position)
-    h = _mix32(h ^ int(purpose))
+    h = _mix32(h ^ np.uint64(int(purpose)))
     h = _mix32(h ^ lane)
-    high = _mix32(h ^ 0x68E31DA4) >> 6  # 26 bits
-    low = _mix32(h ^ 0xB5297A4D) >> 6  # 26 bits
-    return ((high * (1 << 26) + low).double() + 0.5) / float(1 << 52)  # m + 0.5 is exact below 2**52
+    high = _mix32(h ^ np.uint64(0x68E31DA4)) >> np.uint64(6)  # 26 bits
+    low = _mix32(h ^ np.uint64(0xB5297A4D)) >> np.uint64(6)  # 26 bits
+    m = (high << np.uint64(26)) | low  # 52 bits; m + 0.5 is exact below 2**52
+    return torch.from_numpy(np.asarray((m.astype(np.float64) + 0.5) / float(1 << 52), dtype=np.float64))
 
 
 def counter_exponential(seed: int, sample, position, purpose: int, lane=0) -> torch.Tensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from scipy import stats as scipy_stats
@@ -65,7 +66,7 @@ def test_counter_uniform_is_strictly_inside_the_unit_interval():
 def test_counter_uniform_extreme_hashes_stay_inside_the_unit_interval(monkeypatch, hash_bits):
     """Whatever the hash words are (here forced to all zeros, all ones, ...), the uniform is in (0, 1):
     u == 1 would reject a drafted token whose accept probability is exactly 1."""
-    monkeypatch.setattr(noise_module, "_mix32", lambda x: torch.full_like(torch.as_tensor(x), hash_bits))
+    monkeypatch.setattr(noise_module, "_mix32", lambda x: np.full_like(np.asarray(x), hash_bits))
     u = float(counter_uniform(0, 0, 0, Purpose.ACCEPT))
     assert 0.0 < u < 1.0, repr(u)
 

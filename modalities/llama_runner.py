@@ -1,0 +1,80 @@
+"""A compact forward pass for Llama-architecture checkpoints (gpt-fast style), over the model's own weights.
+
+transformers' module stack costs several milliseconds per forward in Python overhead (decorators, kwargs,
+output capturing), which dominates for small drafts and targets on CPU. This runner does the same arithmetic
+in a few fused matmuls per layer (q/k/v and gate/up concatenated), writes keys and values straight into the
+`PositionCache`, and uses the model's rotary embedding module, so rope variants stay exact. Tests check it
+against the transformers forward in float64.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED = ("llama",)
+
+
+def supports(model) -> bool:
+    config = model.config
+    return (getattr(config, "model_type", None) in SUPPORTED and not getattr(config, "attention_bias", False)
+            and not getattr(config, "mlp_bias", False) and getattr(config, "hidden_act", "silu") == "silu")
+
+
+class LlamaRunner:
+    def __init__(self, model):
+        config, body = model.config, model.model
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.embed, self.rotary = body.embed_tokens.weight, body.rotary_emb
+        self.final_norm = (body.norm.weight, body.norm.variance_epsilon)
+        self.lm_head = model.lm_head.weight
+        self.layers = []
+        for layer in body.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            self.layers.append({
+                "norm_in": (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
+                "qkv": torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach(),
+                "out": attn.o_proj.weight,
+                "norm_post": (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon),
+                "gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
+                "down": mlp.down_proj.weight,
+                "scaling": attn.scaling,
+            })
+
+    @torch.no_grad()
+    def forward(self, tokens, positions, cache, attention_mask, logits_to_keep: int = 0) -> torch.Tensor:
+        """tokens, positions: [rows, n]; attention_mask: additive [rows, 1, n, width]. Returns logits."""
+        rows, n = tokens.shape
+        hidden = F.embedding(tokens, self.embed)  # [rows, n, d]
+        cos, sin = self.rotary(hidden, positions)  # [rows, n, head_dim]
+        cos, sin = cos[:, None], sin[:, None]
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        for index, layer in enumerate(self.layers):
+            x = _rms_norm(hidden, *layer["norm_in"])
+            q, k, v = F.linear(x, layer["qkv"]).split([q_size, kv_size, kv_size], dim=-1)
+            q = q.view(rows, n, self.heads, self.head_dim).transpose(1, 2)  # (B, nh, n, hd)
+            k = k.view(rows, n, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = v.view(rows, n, self.kv_heads, self.head_dim).transpose(1, 2)
+            q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+            keys, values = cache.update(k, v, index)  # (B, nkv, width, hd)
+            attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=attention_mask,
+                                                      scale=layer["scaling"], enable_gqa=self.heads != self.kv_heads)
+            hidden = hidden + F.linear(attended.transpose(1, 2).reshape(rows, n, q_size), layer["out"])
+            x = _rms_norm(hidden, *layer["norm_post"])
+            gate, up = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
+            hidden = hidden + F.linear(F.silu(gate) * up, layer["down"])
+        hidden = _rms_norm(hidden if not logits_to_keep else hidden[:, -logits_to_keep:], *self.final_norm)
+        return F.linear(hidden, self.lm_head)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # as transformers' LlamaRMSNorm: statistics in float32, weight applied in the input dtype
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
