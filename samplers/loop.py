@@ -74,9 +74,15 @@ def verify_step(target: TargetModel, rule: AcceptanceRule, proposal: Draft | Dra
         tokens, positions, mask = proposal.tokens, start[:, None] + proposal.depths, proposal.ancestor_mask
         noise = tree_noise(ctx.seed, ctx.sample_ids, start, proposal.depths, proposal.sibling_rank) if random else None
     else:
-        tokens, mask = torch.cat([pending[:, None], proposal.tokens], 1), None  # [rows, k + 1]
+        drafted = torch.arange(proposal.length) < proposal.drafted()[:, None]  # ragged rows may pad with -1
+        tokens = torch.cat([pending[:, None], torch.where(drafted, proposal.tokens, pending[:, None])], 1)
+        mask = None  # tokens: [rows, k + 1]
         positions = start[:, None] + torch.arange(tokens.shape[1])
         noise = chain_noise(ctx.seed, ctx.sample_ids, start, proposal.length) if random else None
+    if tokens.shape[0] != len(ctx.tokens):
+        raise InvalidRequest(f"the drafter proposed for {tokens.shape[0]} rows, expected {len(ctx.tokens)}")
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= target.vocab_size):
+        raise InvalidRequest(f"a drafted token id is outside the target vocabulary [0, {target.vocab_size})")
     scores = target.score(tokens, positions, ctx.rows, mask)
     cond, uncond = scores if isinstance(scores, tuple) else (scores, None)
     target_probs = processing(cond, positions + 1, uncond)  # slot i is the law of the token at position i + 1

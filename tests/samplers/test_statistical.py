@@ -152,3 +152,19 @@ def test_batch_synchronised_to_its_minimum_is_caught():
     samples = min_synchronised_samples(prompt, pairs=SAMPLES // 4, k=3, seed=7)  # p ~ 1e-11 at 2,000 pairs
     fit = goodness_of_fit(samples, target_joint(TARGET, PLAIN, prompt, HORIZON))
     assert fit.p_value < P_FAIL, fit
+
+
+def test_a_drafter_with_bad_output_gets_a_clear_error():
+    from specgen.errors import InvalidRequest
+    from specgen.samplers.types import Draft
+
+    class OutOfVocabulary:
+        def propose(self, ctx, budget):
+            return Draft(torch.full((len(ctx.tokens), budget), VOCAB, dtype=torch.long))
+
+        def observe(self, verdict):
+            pass
+
+    with pytest.raises(InvalidRequest, match="outside the target vocabulary"):
+        generate(TableTarget(TARGET), OutOfVocabulary(), ChainRejection(), [torch.tensor([1])], processing=PLAIN,
+                 max_new_tokens=4)
