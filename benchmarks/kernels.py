@@ -2,7 +2,8 @@
 
     python benchmarks/kernels.py [--out benchmarks/kernels-<gpu>.json]
 
-Shapes: batch 1-64, draft 4-16, vocab 32k-262k. Times come from CUDA events (median of 50 runs after warm-up)
+Shapes: batch 1-64, draft 4-16, vocab 32k-262k (chain rejection sampling; tree verification is checked for
+identical outputs on a small tree). Times come from CUDA events (median of 50 runs after warm-up)
 for the Triton kernel, the vectorised torch path, and a naive per-row Python loop over the torch path.
 Needs a GPU; the CPU test suite checks the same kernels under TRITON_INTERPRET=1.
 """

@@ -76,9 +76,15 @@ def test_dispatch_forced_to_triton_gives_identical_generation():
     draft = target.mixed_with(TableLM(6, order=2, seed=4), 0.4)
     prompts = [torch.tensor([1, 2]), torch.tensor([3]), torch.tensor([0, 5, 4])]
 
+    from specgen.samplers.acceptance import TreeRejection
+    from specgen.samplers.toy import TableTreeDrafter
+
     def run():
-        return generate(TableTarget(target), TableDrafter(draft, Processing()), ChainRejection(), prompts,
-                        processing=Processing(), max_new_tokens=16, policy=FixedLength(3), seed=9).tokens
+        chain = generate(TableTarget(target), TableDrafter(draft, Processing()), ChainRejection(), prompts,
+                         processing=Processing(), max_new_tokens=16, policy=FixedLength(3), seed=9).tokens
+        tree = generate(TableTarget(target), TableTreeDrafter(draft, Processing(), (2, 2)), TreeRejection(), prompts,
+                        processing=Processing(), max_new_tokens=12, seed=9).tokens
+        return chain, tree
 
     kernels.set_backend("torch")
     expected = run()
@@ -87,3 +93,28 @@ def test_dispatch_forced_to_triton_gives_identical_generation():
         assert run() == expected
     finally:
         kernels.set_backend("auto")
+
+
+@pytest.mark.parametrize("mode", ["with_replacement", "without_replacement", "deterministic"])
+@pytest.mark.parametrize("vocab", [5, 37, 1100])
+def test_tree_rejection_sample_matches_torch(mode, vocab):
+    from specgen.samplers.processing import Processing
+    from specgen.samplers.toy import TableLM, TableTreeDrafter
+    from specgen.samplers.types import DecodeContext
+
+    for seed in range(2):
+        lm = TableLM(vocab, order=1, seed=seed)
+        rows = 4
+        ctx = DecodeContext([torch.tensor([1, (2 + r) % vocab]) for r in range(rows)], torch.arange(rows), torch.arange(rows), seed)
+        tree = TableTreeDrafter(lm, Processing(top_k=3), (3, 2), mode).propose(ctx, 0)  # sparse laws: phantom kids
+        g = torch.Generator().manual_seed(seed)
+        target = torch.softmax(torch.randn(rows, tree.num_nodes, vocab, generator=g, dtype=torch.float64) * 3, -1)
+        target[..., : vocab // 2] *= 0.2  # push mass around so rejections happen
+        target = target / target.sum(-1, keepdim=True)
+        accept_u = torch.rand(rows, tree.num_nodes, generator=g, dtype=torch.float64)
+        emit_u = torch.rand(rows, tree.num_nodes, generator=g, dtype=torch.float64)
+        probs = None if mode == "deterministic" else tree.draft_probs
+        args = (tree.tokens, tree.parents, probs, target, accept_u, emit_u, mode == "without_replacement")
+        expected, got = reference.tree_rejection_sample(*args), triton_ops.tree_rejection_sample(*args)
+        for e, o in zip(expected, got):
+            assert torch.equal(e, o), (mode, vocab, seed, expected, got)
