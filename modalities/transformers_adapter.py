@@ -32,13 +32,18 @@ class PositionCache(Cache):
         self.lengths = torch.zeros(batch_size, dtype=torch.long)
         self.rows = torch.arange(batch_size)
         self.window = 0  # slots written by the current forward
+        self.all_rows, self.common_start = True, 0
 
     def begin(self, rows: torch.Tensor, window: int) -> int:
         """Prepare a forward over `rows` writing `window` slots per row; returns the key length it attends."""
         if int(self.lengths[rows].max()) + window > self.capacity:
             raise InvalidRequest(f"the context would exceed the model's maximum length of {self.capacity} tokens")
         self.rows, self.window = rows, window
-        return int(self.lengths[rows].max()) + window
+        lengths = self.lengths[rows]
+        self.all_rows = self._all_rows()
+        # every row at the same length (always so for one row): plain slices instead of indexed writes
+        self.common_start = int(lengths[0]) if bool((lengths == lengths[0]).all()) else None
+        return int(lengths.max()) + window
 
     def _all_rows(self) -> bool:
         return len(self.rows) == self.rows_total and bool((self.rows == torch.arange(self.rows_total)).all())
@@ -50,12 +55,17 @@ class PositionCache(Cache):
             self.keys[layer_idx] = key_states.new_zeros(shape)
             self.values[layer_idx] = value_states.new_zeros(shape[:3] + value_states.shape[-1:])
         keys, values = self.keys[layer_idx], self.values[layer_idx]
+        if self.all_rows and self.common_start is not None:
+            start, end = self.common_start, self.common_start + key_states.shape[2]
+            keys[:, :, start:end] = key_states
+            values[:, :, start:end] = value_states
+            return keys[:, :, :end], values[:, :, :end]
         slots = self.lengths[self.rows][:, None] + torch.arange(key_states.shape[2])  # [rows, window]
         rows = self.rows[:, None]
         keys[rows, :, slots] = key_states.transpose(1, 2)  # advanced indices first: [rows, window, heads, dim]
         values[rows, :, slots] = value_states.transpose(1, 2)
         width = int(self.lengths[self.rows].max()) + key_states.shape[2]
-        if self._all_rows():
+        if self.all_rows:
             return keys[:, :, :width], values[:, :, :width]
         return keys[self.rows, :, :width], values[self.rows, :, :width]
 
@@ -138,6 +148,10 @@ class TransformersTarget:
         self.forward_calls += 1
         n = tokens.shape[1]
         width = self.cache.begin(rows, n)
+        if (self.runner is not None and n == 1 and self.cache.common_start is not None
+                and (self.sliding_window is None or width <= self.sliding_window)):
+            # one new token per row, every row the same length: it sees every key, no mask needed
+            return self.runner.forward(tokens, positions, self.cache, None, logits_to_keep)
         lengths = self.cache.lengths[rows]  # [rows]
         cols = torch.arange(width)
         cached = cols[None, None, :] < lengths[:, None, None]  # [rows, 1, width]
