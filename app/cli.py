@@ -161,9 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler, full_name=full_name)
         return p
 
-    demo = command(commands, "demo", "the Gradio web demo", "demo")
+    demo = command(commands, "demo", "the Gradio web demo", "demo", handler=_demo)
     demo.add_argument("--host", default="127.0.0.1", type=_non_empty, help="default: 127.0.0.1")
     demo.add_argument("--port", type=_int_at_least(1, 65535), default=7860, help="default: 7860")
+    demo.add_argument("--model", help="text target: a Hugging Face causal LM path or id available offline")
+    demo.add_argument("--draft", help="text draft model path or id")
 
     generate = commands.add_parser("generate", help="generate text, an image, a video or speech",
                                    description="Generate with a draft-verify method.")
@@ -203,29 +205,44 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Benchmark methods side by side on the same prompts.")
     kinds = bench.add_subparsers(dest="modality", metavar="MODALITY", required=True)
     for modality in registry.MODALITIES:
-        p = command(kinds, modality, f"benchmark {modality} methods", f"bench {modality}")
-        p.add_argument("--methods", type=_method_list(modality), metavar="A,B,C", help="default: all")
+        p = command(kinds, modality, f"benchmark {modality} methods", f"bench {modality}",
+                    handler=_bench_text if modality == "text" else None)
+        p.add_argument("--methods", type=_method_list(modality), metavar="A,B,C",
+                       help="default: all" + (" (ar always runs: it is the baseline)" if modality == "text" else ""))
         p.add_argument("--prompts", type=_existing_file, metavar="FILE",
                        help=f"JSON Lines (default: benchmarks/prompts/{modality}.jsonl)")
-        p.add_argument("--max-new-tokens", type=_int_at_least(1), metavar="N", help="default: per modality")
+        p.add_argument("--max-new-tokens", type=_int_at_least(1), metavar="N",
+                       help="default: 128" if modality == "text" else "default: per modality")
         p.add_argument("--repeats", type=_int_at_least(1), default=1, metavar="R", help="default: 1")
         p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+        if modality == "text":
+            p.add_argument("--model", help="target: a Hugging Face causal LM path or id available offline")
+            p.add_argument("--draft", help="draft model path or id (draft and hf-assisted)")
+            p.add_argument("--out-dir", type=Path, metavar="DIR",
+                           help="where results are written (default: benchmarks/)")
 
-    batch = command(commands, "batch", "run a JSON Lines file of requests", "batch")
+    batch = command(commands, "batch", "run a JSON Lines file of requests", "batch", handler=_batch)
     batch.add_argument("--input", required=True, type=_existing_file, metavar="IN.jsonl",
                        help='one request per line: {"id", "modality", "prompt"|"class"|"text", ...}')
     batch.add_argument("--output", required=True, type=_output_path(), metavar="OUT.jsonl",
                        help="results, one line per request; ids already there are skipped on a rerun")
     batch.add_argument("--engine", choices=("local", "ray"), default="local", help="default: local")
+    batch.add_argument("--model", help="text target: a Hugging Face causal LM path or id available offline")
+    batch.add_argument("--draft", help="text draft model path or id")
+    batch.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
 
     train = commands.add_parser("train", help="train a model (resumes from checkpoints)",
                                 description="Train a target or draft model; every trainer resumes from its checkpoints.")
     kinds = train.add_subparsers(dest="what", metavar="WHAT", required=True)
     for what in ("text", "draft", "image", "speech"):
-        p = command(kinds, what, f"train the {what} model", f"train {what}")
+        p = command(kinds, what, f"train the {what} model", f"train {what}",
+                    handler=_train_text if what in ("text", "draft") else None)
         p.add_argument("--out", type=Path, metavar="DIR", help="checkpoint folder (resumed when it holds one)")
         p.add_argument("--steps", type=_int_at_least(1), metavar="N", help="optimiser steps (default: the recipe's)")
         p.add_argument("--seed", type=_int_at_least(0, MAX_SEED), default=0, help="default: 0")
+        if what in ("text", "draft"):
+            p.add_argument("--max-files", type=_int_at_least(1), metavar="N",
+                           help="train on the first N corpus files only (quick checks)")
 
     selfcheck = command(commands, "selfcheck", "check the exact core against its enumerated distributions",
                         "selfcheck", handler=_selfcheck)
@@ -274,10 +291,41 @@ def _use_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
+def _train_text(args: argparse.Namespace) -> int:
+    """`train text` trains the code target, `train draft` its draft; both export fp16 weights into OUT/export."""
+    from specgen.modalities.text.train import train_text_model
+
+    role = "target" if args.what == "text" else "draft"
+    out = args.out or Path("runs") / role
+    summary = train_text_model(role, out, args.steps or (400 if role == "target" else 600), seed=args.seed,
+                               threads=args.threads, export_dir=out / "export", max_files=args.max_files)
+    print(json.dumps({k: summary.get(k) for k in ("role", "params", "steps", "tokens_seen", "final_train_loss",
+                                                  "final_val_loss", "wall_s")}))
+    return 0
+
+
 def _generate_text(args: argparse.Namespace) -> int:
     from specgen.app.text_commands import generate_text
 
     return generate_text(args)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from specgen.app.ui import launch_demo
+
+    return launch_demo(args)
+
+
+def _batch(args: argparse.Namespace) -> int:
+    from specgen.app.batch import batch_command
+
+    return batch_command(args)
+
+
+def _bench_text(args: argparse.Namespace) -> int:
+    from specgen.app.bench_text import bench_text
+
+    return bench_text(args)
 
 
 def _selfcheck(args: argparse.Namespace) -> int:
@@ -323,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
             raise InvalidRequest("choose a command: demo, generate, bench, batch, train or selfcheck "
                                  "(see specgen --help)")
         _check(args)
+        args.argv = list(sys.argv[1:] if argv is None else argv)  # bench records the exact command
         if args.handler is None:
             raise NotAvailable(f"'specgen {args.full_name}' is not available in specgen {__version__} yet")
         return args.handler(args)

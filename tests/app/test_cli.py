@@ -130,17 +130,12 @@ def test_bad_threads_environment_is_an_error(value, in_tmp, monkeypatch, capsys)
 
 
 NOT_YET = {
-    "demo": ["demo", "--host", "0.0.0.0", "--port", "8080"],
     "generate image": ["generate", "image", "--prompt", "a red circle", "--out", "x.PNG", "--seed", "1"],
     "generate video": ["generate", "video", "--class", "3", "--out", "x.gif", "--json"],
     "generate speech": ["generate", "speech", "--text", "hello", "--out", "x.wav"],
-    "bench text": ["bench", "text", "--methods", "ar,draft,hf", "--prompts", "prompts.jsonl", "--repeats", "2"],
     "bench image": ["bench", "image"],
     "bench video": ["bench", "video", "--json"],
     "bench speech": ["bench", "speech", "--max-new-tokens", "50"],
-    "batch": ["batch", "--input", "in.jsonl", "--output", "out.jsonl", "--engine", "ray"],
-    "train text": ["train", "text"],
-    "train draft": ["train", "draft", "--steps", "2", "--out", "ckpt"],
     "train image": ["train", "image", "--seed", "1"],
     "train speech": ["--threads", "2", "train", "speech"],
 }

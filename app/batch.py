@@ -1,0 +1,450 @@
+"""`specgen batch`: run a JSON Lines file of requests, one result line per request, resumable.
+
+In:  {"id", "modality", "prompt"|"class"|"text", "method"?, "params"?, "seed"?}
+Out: {"id", "status": "ok"|"error", "result"|"error", "stats"}
+
+The whole input is validated before any work (exit 2 naming the line). Each result line is flushed and
+fsync'ed as it is written, so a killed run loses nothing; a rerun skips the ids already in the output.
+Per-item failures are recorded with status "error" and the run goes on. Items run one after another on one
+loaded model (`--engine local`), or on Ray actors (`--engine ray`, when Ray is installed).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specgen.errors import InvalidRequest, MissingExtra, ModelNotFound, SpecgenError
+from specgen.samplers import registry
+
+log = logging.getLogger(__name__)
+
+MAX_SEED = 2**63 - 1
+SOURCE_FIELDS = {"text": ("prompt",), "image": ("prompt", "class"), "video": ("prompt", "class"),
+                 "speech": ("text",)}
+KNOWN_FIELDS = {"id", "modality", "prompt", "class", "text", "method", "params", "seed", "category"}
+RUNNABLE = ("text",)  # modalities this version generates
+
+
+@dataclass(frozen=True)
+class Request:
+    line: int
+    id: str | int
+    modality: str
+    source_field: str
+    source: object
+    method: str | None
+    params: dict = field(default_factory=dict)
+    seed: int = 0
+
+    @property
+    def key(self) -> str:
+        return str(self.id)
+
+
+# ---- validation --------------------------------------------------------------------------------------------------
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value, low: int, high: int | None = None) -> int:
+    if not _is_int(value) or value < low or (high is not None and value > high):
+        bound = f"an integer >= {low}" if high is None else f"an integer between {low} and {high}"
+        raise InvalidRequest(f"{name} must be {bound}, got {json.dumps(value)}")
+    return value
+
+
+def _check_float(name: str, value, low: float, high: float | None = None, low_open: bool = False) -> float:
+    ok = (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+    ok = ok and (value > low if low_open else value >= low) and (high is None or value <= high)
+    if not ok:
+        lo = f"({low:g}" if low_open else f"[{low:g}"
+        raise InvalidRequest(f"{name} must be a number in {lo}, {'inf)' if high is None else f'{high:g}]'}, "
+                             f"got {json.dumps(value)}")
+    return float(value)
+
+
+TEXT_OPTIONS = {  # generation options every text method takes (method knobs come from the registry)
+    "max_new_tokens": lambda v: _check_int("max_new_tokens", v, 1),
+    "temperature": lambda v: _check_float("temperature", v, 0.0),
+    "top_p": lambda v: _check_float("top_p", v, 0.0, 1.0, low_open=True),
+    "top_k": lambda v: _check_int("top_k", v, 0),
+    "num_samples": lambda v: _check_int("num_samples", v, 1),
+}
+
+
+def _text_params(method: str, params: dict) -> dict:
+    """Validated text params: generation options plus the method's knobs (unknown names are errors)."""
+    spec = registry.get_method("text", method)
+    options = {name: TEXT_OPTIONS[name](value) for name, value in params.items() if name in TEXT_OPTIONS}
+    knob_values = {name: value for name, value in params.items() if name not in TEXT_OPTIONS}
+    if "seed" in knob_values:
+        raise InvalidRequest('"seed" belongs at the top level of the line, not in "params"')
+    known = {k.name for k in spec.knobs}
+    unknown = sorted(set(knob_values) - known)
+    if unknown:
+        raise InvalidRequest(f"method {method!r} has no parameter(s) {', '.join(unknown)}; known: "
+                             f"{', '.join([*TEXT_OPTIONS, *known])}")
+    spec.resolve_knobs(knob_values)  # type and range checks
+    return {**options, **knob_values}
+
+
+def parse_request(item: object, line: int, default_text_method: str) -> Request:
+    if not isinstance(item, dict):
+        raise InvalidRequest("expected a JSON object")
+    unknown = sorted(set(item) - KNOWN_FIELDS)
+    if unknown:
+        raise InvalidRequest(f"unknown field(s) {', '.join(map(repr, unknown))}; "
+                             f"known: {', '.join(sorted(KNOWN_FIELDS))}")
+    if "id" not in item:
+        raise InvalidRequest('missing "id"')
+    item_id = item["id"]
+    if not (_is_int(item_id) or (isinstance(item_id, str) and item_id.strip())):
+        raise InvalidRequest(f'"id" must be a non-empty string or an integer, got {json.dumps(item_id)}')
+    modality = item.get("modality")
+    if modality not in registry.MODALITIES:
+        raise InvalidRequest(f'unknown modality {json.dumps(modality)}; choose from: {", ".join(registry.MODALITIES)}'
+                             if "modality" in item else 'missing "modality"')
+    allowed = SOURCE_FIELDS[modality]
+    present = [name for name in ("prompt", "class", "text") if name in item]
+    wrong = [name for name in present if name not in allowed]
+    if wrong:
+        raise InvalidRequest(f'{modality} requests take {" or ".join(map(repr, allowed))}, not {wrong[0]!r}')
+    if not present:
+        raise InvalidRequest(f'missing {" or ".join(map(repr, allowed))} for modality {modality!r}')
+    if len(present) > 1:
+        raise InvalidRequest(f'give either {" or ".join(map(repr, present))}, not both')
+    source_field = present[0]
+    source = item[source_field]
+    if source_field == "class":
+        if not (_is_int(source) or (isinstance(source, str) and source.strip())):
+            raise InvalidRequest(f'"class" must be a non-empty string or an integer, got {json.dumps(source)}')
+    elif not isinstance(source, str) or not source.strip():
+        raise InvalidRequest(f'"{source_field}" must be a non-empty string, got {json.dumps(source)}')
+    method = item.get("method")
+    if method is not None and (not isinstance(method, str) or not method):
+        raise InvalidRequest(f'"method" must be a method name, got {json.dumps(method)}')
+    params = item.get("params", {})
+    if not isinstance(params, dict):
+        raise InvalidRequest(f'"params" must be a JSON object, got {json.dumps(params)}')
+    seed = item.get("seed", 0)
+    _check_int('"seed"', seed, 0, MAX_SEED)
+    if modality == "text":
+        method = method or default_text_method
+        params = _text_params(method, params)  # unknown method names fail here too
+    return Request(line, item_id, modality, source_field, source, method, params, seed)
+
+
+def load_requests(path: Path, default_text_method: str = "draft") -> list[Request]:
+    """Every non-blank line parsed and validated; the first problem raises InvalidRequest naming its line."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"cannot read {path}: {exc}") from None
+    requests, first_line = [], {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InvalidRequest(f"{path} line {number}: not valid JSON ({exc.msg})") from None
+        try:
+            request = parse_request(item, number, default_text_method)
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"{path} line {number}: {exc}") from None
+        if request.key in first_line:
+            raise InvalidRequest(f"{path} line {number}: duplicate id {json.dumps(request.id)} "
+                                 f"(first on line {first_line[request.key]})")
+        first_line[request.key] = number
+        requests.append(request)
+    if not requests:
+        raise InvalidRequest(f"{path} holds no requests")
+    return requests
+
+
+def done_ids(path: Path) -> set[str]:
+    """Ids already written to OUT. A last line cut short by a kill is removed (it was never complete)."""
+    path = Path(path)
+    if not path.exists():
+        return set()
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InvalidRequest(f"cannot read {path}: {exc}") from None
+    if data and not data.endswith(b"\n"):
+        keep = data.rfind(b"\n") + 1
+        log.warning("%s: dropping an incomplete last line (%d bytes) left by an interrupted run",
+                    path, len(data) - keep)
+        with open(path, "r+b") as f:
+            f.truncate(keep)
+            f.flush()
+            os.fsync(f.fileno())
+        data = data[:keep]
+    ids = set()
+    for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            raise InvalidRequest(f"{path} line {number}: not a result line (invalid JSON); "
+                                 f"refusing to append to it") from None
+        if not isinstance(record, dict) or "id" not in record:
+            raise InvalidRequest(f"{path} line {number}: not a result line (no \"id\"); refusing to append to it")
+        ids.add(str(record["id"]))
+    return ids
+
+
+# ---- running -----------------------------------------------------------------------------------------------------
+
+def not_available(modality: str) -> str:
+    from specgen import __version__
+
+    return f"{modality} generation is not available in this version (specgen {__version__})"
+
+
+def run_item(generator, request: Request) -> dict:
+    """One result record; every failure becomes an error record."""
+    if request.modality not in RUNNABLE:
+        return {"id": request.id, "status": "error", "error": not_available(request.modality), "stats": None}
+    try:
+        result = generator.generate(request.source, method=request.method, seed=request.seed, **request.params)
+    except SpecgenError as exc:
+        return {"id": request.id, "status": "error", "error": " ".join(str(exc).split()), "stats": None}
+    except Exception as exc:  # noqa: BLE001 - one bad item must not end the run
+        log.exception("item %s failed", request.id)
+        return {"id": request.id, "status": "error", "error": f"{type(exc).__name__}: {exc}", "stats": None}
+    if request.params.get("num_samples", 1) == 1:
+        output = {"text": result.text, "tokens": result.tokens}
+    else:
+        output = {"samples": result.samples}
+    return {"id": request.id, "status": "ok", "result": output, "stats": result.stats}
+
+
+class ResultWriter:
+    """Appends one JSON line per record; each is flushed and fsync'ed before the next item starts."""
+
+    def __init__(self, path: Path):
+        self.file = open(path, "a", encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        self.file.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
+    def close(self) -> None:
+        self.file.close()
+
+
+@dataclass
+class Summary:
+    items: int = 0
+    skipped: int = 0
+    ok: int = 0
+    error: int = 0
+    tokens: int = 0
+    generation_s: float = 0.0
+    load_s: float = 0.0
+    taus: list = field(default_factory=list)
+    by_method: dict = field(default_factory=dict)
+
+    def add(self, request: Request, record: dict) -> None:
+        key = f"{request.modality}/{request.method or '-'}"
+        row = self.by_method.setdefault(key, {"ok": 0, "error": 0, "tokens": 0, "generation_s": 0.0, "taus": []})
+        status = record["status"]
+        setattr(self, status, getattr(self, status) + 1)
+        row[status] += 1
+        stats = record.get("stats") or {}
+        if status == "ok":
+            committed, wall = stats.get("committed", 0), stats.get("wall_s", 0.0)
+            self.tokens += committed
+            self.generation_s += wall
+            row["tokens"] += committed
+            row["generation_s"] += wall
+            if stats.get("tau") is not None:
+                self.taus.append(stats["tau"])
+                row["taus"].append(stats["tau"])
+
+    def to_json(self, elapsed_s: float, output: Path, engine: str) -> dict:
+        def rate(tokens, seconds):
+            return tokens / seconds if seconds > 0 else None
+
+        def mean(values):
+            return sum(values) / len(values) if values else None
+
+        return {"input_items": self.items, "skipped": self.skipped, "ran": self.ok + self.error,
+                "ok": self.ok, "error": self.error, "tokens": self.tokens,
+                "generation_s": self.generation_s, "load_s": self.load_s, "elapsed_s": elapsed_s,
+                "tokens_per_s": rate(self.tokens, self.generation_s),
+                "tokens_per_s_elapsed": rate(self.tokens, elapsed_s), "mean_tau": mean(self.taus),
+                "engine": engine, "output": str(output),
+                "by_method": {key: {"ok": r["ok"], "error": r["error"], "tokens": r["tokens"],
+                                    "tokens_per_s": rate(r["tokens"], r["generation_s"]), "mean_tau": mean(r["taus"])}
+                              for key, r in self.by_method.items()}}
+
+
+def summary_table(summary: dict) -> str:
+    def fmt(value, digits=2):
+        return "-" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+    lines = [f"batch: {summary['input_items']} items: {summary['ok']} ok, {summary['error']} error, "
+             f"{summary['skipped']} skipped (already in {summary['output']}) in {summary['elapsed_s']:.1f} s"]
+    header = ("modality/method", "ok", "error", "tokens", "tokens/s", "mean tau")
+    rows = [(key, r["ok"], r["error"], r["tokens"], fmt(r["tokens_per_s"], 1), fmt(r["mean_tau"]))
+            for key, r in summary["by_method"].items()]
+    rows.append(("total", summary["ok"], summary["error"], summary["tokens"], fmt(summary["tokens_per_s"], 1),
+                 fmt(summary["mean_tau"])))
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+    for row in (header, *rows):
+        lines.append("  ".join(str(cell).ljust(w) if i == 0 else str(cell).rjust(w)
+                               for i, (cell, w) in enumerate(zip(row, widths))))
+    return "\n".join(lines)
+
+
+def _progress(total: int, disable: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, file=sys.stderr, unit="item", desc="batch", disable=disable, mininterval=0.2,
+                dynamic_ncols=True)
+
+
+def _run_local(pending: list[Request], writer: ResultWriter, summary: Summary, generator, progress) -> None:
+    for request in pending:
+        record = run_item(generator, request)
+        writer.write(record)
+        summary.add(request, record)
+        progress.set_postfix(ok=summary.ok, error=summary.error, refresh=False)
+        progress.update(1)
+
+
+def _run_ray(pending: list[Request], writer: ResultWriter, summary: Summary, model, draft, threads, workers,
+             progress) -> None:
+    import ray
+
+    started_here = not ray.is_initialized()
+    ray.init(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    try:
+        _schedule_ray(ray, pending, writer, summary, model, draft, threads, workers, progress)
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def _schedule_ray(ray, pending, writer, summary, model, draft, threads, workers, progress) -> None:
+    runnable = [r for r in pending if r.modality in RUNNABLE]
+    for request in pending:  # nothing to schedule for modalities this version does not generate
+        if request.modality not in RUNNABLE:
+            record = run_item(None, request)
+            writer.write(record)
+            summary.add(request, record)
+            progress.update(1)
+    if not runnable:
+        return
+
+    @ray.remote(num_cpus=threads)
+    class Worker:
+        def __init__(self):
+            from specgen.modalities.text.generator import TextGenerator
+
+            self.generator = TextGenerator(model, draft, threads=threads)
+
+        def run(self, request):
+            return run_item(self.generator, request)
+
+    count = max(1, min(workers, len(runnable)))
+    actors = [Worker.remote() for _ in range(count)]
+    queue = list(runnable)
+    in_flight = {}
+    for actor in actors:  # keep every actor busy; results are written in completion order
+        if queue:
+            request = queue.pop(0)
+            in_flight[actor.run.remote(request)] = (actor, request)
+    while in_flight:
+        ready, _ = ray.wait(list(in_flight), num_returns=1)
+        actor, request = in_flight.pop(ready[0])
+        try:
+            record = ray.get(ready[0])
+        except Exception as exc:  # noqa: BLE001 - a lost actor fails its item, not the run
+            record = {"id": request.id, "status": "error", "error": f"{type(exc).__name__}: {exc}", "stats": None}
+        writer.write(record)
+        summary.add(request, record)
+        progress.update(1)
+        if queue:
+            nxt = queue.pop(0)
+            in_flight[actor.run.remote(nxt)] = (actor, nxt)
+
+
+def run_batch(input_path, output_path, *, engine: str = "local", model: str | None = None,
+              draft: str | None = None, threads: int = 1, generator=None, workers: int | None = None,
+              progress: bool = True) -> dict:
+    """Validate IN, skip ids already in OUT, run the rest, and return the summary dict."""
+    input_path, output_path = Path(input_path), Path(output_path)
+    if engine not in ("local", "ray"):
+        raise InvalidRequest(f"unknown engine {engine!r}; choose from: local, ray")
+    if engine == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise MissingExtra("--engine ray needs Ray, which is not installed (pip install 'ray>=2.9'); "
+                               "or use --engine local")
+        if generator is not None:
+            raise InvalidRequest("the ray engine loads its models in each worker: pass model paths, not a generator")
+        for path in (model, draft):  # workers load the models; a wrong path should fail here, not per item
+            if path and os.sep in path and not Path(path).exists():
+                raise ModelNotFound(f"model path {path!r} does not exist")
+    has_draft = generator.draft_path is not None if generator is not None else (draft is not None or model is None)
+    requests = load_requests(input_path, default_text_method="draft" if has_draft else "ar")
+    done = done_ids(output_path)
+    pending = [r for r in requests if r.key not in done]
+    summary = Summary(items=len(requests), skipped=len(requests) - len(pending))
+
+    def load_generator():
+        if generator is not None:
+            return generator
+        from specgen.modalities.text.generator import TextGenerator
+
+        return TextGenerator(model, draft, threads=threads)
+
+    started = time.perf_counter()
+    if engine == "local" and any(r.modality in RUNNABLE for r in pending):
+        generator = load_generator()  # a model that cannot load fails the run before anything is written
+    summary.load_s = time.perf_counter() - started
+    if summary.skipped:
+        print(f"batch: {summary.skipped} of {len(requests)} items already in {output_path}, skipping them",
+              file=sys.stderr)
+    writer = ResultWriter(output_path)
+    bar = _progress(len(pending), disable=not progress)
+    try:
+        if engine == "ray":
+            _run_ray(pending, writer, summary, model, draft, threads,
+                     workers or max(1, (os.cpu_count() or 1) // max(threads, 1)), bar)
+        else:
+            _run_local(pending, writer, summary, generator, bar)
+    finally:
+        bar.close()
+        writer.close()
+    return summary.to_json(time.perf_counter() - started, output_path, engine)
+
+
+def batch_command(args) -> int:
+    """The `specgen batch` handler: the summary table on stderr, `--json` puts the summary on stdout."""
+    summary = run_batch(args.input, args.output, engine=args.engine, model=getattr(args, "model", None),
+                        draft=getattr(args, "draft", None), threads=args.threads)
+    print(summary_table(summary), file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    from specgen.app.cli import main
+
+    raise SystemExit(main(["batch", *sys.argv[1:]]))

@@ -1,0 +1,555 @@
+"""The Gradio web demo: one tab per modality, live output coloured by token source, live τ, acceptance per
+draft position, tokens/s, and the speedup against plain decoding of the same request.
+
+`build_demo()` builds the Blocks app; nothing is loaded at import. Models load on the first request (or in a
+background thread when `specgen demo` starts). `build_demo(text_generator=...)` serves an existing
+`TextGenerator` (tests pass a tiny one).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+from specgen import __version__
+from specgen.errors import SpecgenError
+from specgen.samplers import registry
+
+log = logging.getLogger(__name__)
+
+MODEL_WORK = "model"  # the one concurrency_id for every event that runs a model
+SOURCE_LABELS = ("accepted", "recovered", "bonus")  # TokenSource order
+PLAIN_LABEL = "target"  # tokens of plain decoding (no draft): every one comes from the target
+COLOR_MAP = {"accepted": "#22c55e", "recovered": "#f97316", "bonus": "#3b82f6", PLAIN_LABEL: "#a1a1aa"}
+MAX_TEMPERATURE = 5.0
+MAX_NEW_TOKENS = 1024
+MAX_SEED = 2**63 - 1
+PLANNED_METHODS = {  # design names, shown until the registry has methods for a modality
+    "image": ["ar", "sjd", "mc-sjd", "gumbel-sjd", "lantern++"],
+    "video": ["ar", "sjd", "mc-sjd", "gumbel-sjd", "lantern++"],
+    "speech": ["ar", "sd", "ssd", "pcg"],
+}
+GENERATION_KNOBS = ("max_new_tokens", "temperature", "top_p", "seed")  # shown for every method
+
+
+# ---- incremental detokenisation ----------------------------------------------------------------------------------
+
+class IncrementalDetokenizer:
+    """Turns a stream of token ids into text pieces, one per token, without re-decoding everything.
+
+    It decodes a short window (a few already-shown tokens + the new ones) and emits the text past the window's
+    shown part, so tokenizers that drop or merge leading spaces and byte-level tokens that split a UTF-8
+    character (decoded as U+FFFD until complete) give the same text as decoding the whole sequence.
+    """
+
+    def __init__(self, tokenizer, context_ids: list[int] = ()):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = list(context_ids)[-6:]  # a little prompt context for leading-space handling
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def push(self, token_id: int) -> str:
+        """The new text that token_id completes ('' while a multi-byte character is unfinished)."""
+        self.ids.append(int(token_id))
+        shown = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        text = self._decode(self.ids[self.prefix_offset:])
+        if len(text) > len(shown) and not text.endswith("\ufffd"):
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            return text[len(shown):]
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is still held back at the end of the stream."""
+        shown = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        text = self._decode(self.ids[self.prefix_offset:])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return text[len(shown):] if len(text) > len(shown) else ""
+
+
+# ---- live statistics from step events ----------------------------------------------------------------------------
+
+@dataclass
+class LiveStats:
+    """What the UI shows while a run is in flight, counted from the StepEvents of sample 0."""
+
+    steps: int = 0
+    committed: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    rejections: int = 0
+    tested_at: list = field(default_factory=list)
+    accepted_at: list = field(default_factory=list)
+
+    def update(self, event) -> None:
+        self.steps += 1
+        self.committed += len(event.tokens)
+        self.drafted += event.num_drafted
+        self.accepted += event.num_accepted
+        rejected = int(any(s == 1 for s in event.sources))  # TokenSource.RECOVERED
+        self.rejections += rejected
+        depth = event.num_accepted + rejected
+        while len(self.tested_at) < depth:
+            self.tested_at.append(0)
+            self.accepted_at.append(0)
+        for d in range(depth):
+            self.tested_at[d] += 1
+            self.accepted_at[d] += int(d < event.num_accepted)
+
+    def summary(self, busy_s: float) -> dict:
+        tested = self.accepted + self.rejections
+        return {
+            "steps": self.steps, "committed": self.committed, "drafted": self.drafted, "accepted": self.accepted,
+            "tau": self.committed / self.steps if self.steps else 0.0,
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
+            "alpha_hat": self.accepted / tested if tested else None,
+            "per_position_acceptance": [a / t if t else None for a, t in zip(self.accepted_at, self.tested_at)],
+            "tokens_per_s": self.committed / busy_s if busy_s > 0 else None,
+        }
+
+
+# ---- rendering ---------------------------------------------------------------------------------------------------
+
+def _num(value, digits: int = 2, suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "—"
+    if isinstance(value, int):
+        return f"{value}{suffix}"
+    return f"{value:.{digits}f}{suffix}"
+
+
+def stats_markdown(stats: dict, *, method: str, running: bool, compare: dict | None = None,
+                   note: str = "") -> str:
+    """The stats panel: τ, acceptance rate, α̂, steps, tokens/s, predicted and measured speedups."""
+    state = "running…" if running else "done"
+    rows = [
+        ("method", f"`{method}`" + ("" if stats.get("lossless") is None
+                                    else (" (lossless)" if stats["lossless"] else " (lossy)"))),
+        ("τ (tau, mean accepted length)", _num(stats.get("tau"))),
+        ("acceptance rate (accepted / drafted)", _num(stats.get("acceptance_rate"))),
+        ("α̂ (alpha_hat)", _num(stats.get("alpha_hat"))),
+        ("steps (target forward passes)", _num(stats.get("steps"))),
+        ("committed tokens", _num(stats.get("committed"))),
+        ("tokens/s", _num(stats.get("tokens_per_s"), 1)),
+    ]
+    if not running:
+        rows += [("predicted speedup (ideal)", _num(stats.get("predicted_speedup_ideal"), 2, "×")),
+                 ("predicted speedup (measured times)", _num(stats.get("predicted_speedup_measured"), 2, "×"))]
+    if compare:
+        rows += [("plain decoding tokens/s", _num(compare.get("ar_tokens_per_s"), 1)),
+                 ("**measured speedup vs plain decoding**", _num(compare.get("speedup_vs_ar"), 2, "×"))]
+        if compare.get("identical_to_ar") is not None:
+            rows.append(("identical to plain decoding", "yes" if compare["identical_to_ar"] else "**no**"))
+    lines = [f"**{state}**", "", "| statistic | value |", "|---|---|"]
+    lines += [f"| {name} | {value} |" for name, value in rows]
+    if note:
+        lines += ["", note]
+    return "\n".join(lines)
+
+
+def acceptance_frame(per_position: list):
+    import pandas as pd
+
+    values = [v if v is not None else 0.0 for v in per_position]
+    if not values:  # nothing drafted yet (or plain decoding): an empty plot, not an empty frame
+        return None  # (an empty frame would fix the axis types before the first bar arrives)
+    return pd.DataFrame({"draft position": [f"#{i + 1}" for i in range(len(values))],
+                         "acceptance": values})
+
+
+# ---- model holders -----------------------------------------------------------------------------------------------
+
+class TextModels:
+    """Loads the text generator on first use (thread-safe), or serves the one it was given."""
+
+    def __init__(self, generator=None, *, model: str | None = None, draft: str | None = None,
+                 threads: int | None = 1):
+        self._generator = generator
+        self._model, self._draft, self._threads = model, draft, threads
+        self._lock = threading.Lock()
+        self.error: str | None = None
+
+    @property
+    def loaded(self) -> bool:
+        return self._generator is not None
+
+    def paths(self) -> tuple[str, str | None]:
+        if self._generator is not None:
+            return self._generator.model_path, self._generator.draft_path
+        from specgen.modalities.text.generator import default_models  # torch import: only when asked
+
+        target, draft = default_models()
+        return self._model or target, self._draft or (draft if self._model is None else None)
+
+    def get(self):
+        with self._lock:
+            if self._generator is None:
+                from specgen.modalities.text.generator import TextGenerator
+
+                started = time.perf_counter()
+                try:
+                    self._generator = TextGenerator(self._model, self._draft, threads=self._threads)
+                except SpecgenError as exc:
+                    self.error = str(exc)
+                    raise
+                self.error = None
+                log.info("text models loaded in %.1f s", time.perf_counter() - started)
+            return self._generator
+
+    def preload(self) -> threading.Thread:
+        """Load in a background thread (launch returns at once; the first request waits for the lock)."""
+        def load():
+            try:
+                self.get()
+            except SpecgenError as exc:
+                log.warning("text models not loaded: %s", exc)
+        thread = threading.Thread(target=load, name="specgen-preload", daemon=True)
+        thread.start()
+        return thread
+
+
+def header_markdown(text_models: TextModels) -> str:
+    try:
+        target, draft = text_models.paths()
+    except Exception as exc:  # noqa: BLE001 - the header must render whatever happens
+        target, draft = f"(unknown: {exc})", None
+    state = ("loaded" if text_models.loaded else
+             f"not loaded: {text_models.error}" if text_models.error else "loads on the first request")
+    draft_text = f"draft `{draft}`" if draft else "no draft model (methods `ar` and `ngram`)"
+    return (f"# specgen {__version__} — draft–verify generation\n"
+            f"**Text models** ({state}): target `{target}`, {draft_text}.  \n"
+            f"Tokens are coloured by where they came from: **accepted** (drafted and verified), "
+            f"**recovered** (sampled by the target at the first rejection), **bonus** (sampled by the target "
+            f"after every drafted token was accepted), **target** (plain decoding). "
+            f"Image, video and speech generation are not available in this version.")
+
+
+# ---- callbacks ---------------------------------------------------------------------------------------------------
+
+def _text_knobs() -> list:
+    """Every distinct method knob of the text registry (each shown only for methods that have it)."""
+    seen, knobs = set(), []
+    for name in registry.method_names("text"):
+        for knob in registry.get_method("text", name).knobs:
+            if knob.name not in seen:
+                seen.add(knob.name)
+                knobs.append(knob)
+    return knobs
+
+
+def _check_number(gr, name: str, value, low: float, high: float, *, integer: bool = False, low_open=False):
+    if value is None:
+        raise gr.Error(f"{name} is missing")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise gr.Error(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(number) or number < low or number > high or (low_open and number == low):
+        bound = f"({low:g}, {high:g}]" if low_open else f"[{low:g}, {high:g}]"
+        raise gr.Error(f"{name} must be in {bound}, got {value!r}")
+    if integer:
+        if number != int(number):
+            raise gr.Error(f"{name} must be a whole number, got {value!r}")
+        return int(number)
+    return number
+
+
+def _method_info(name: str) -> str:
+    try:
+        spec = registry.get_method("text", name)
+    except SpecgenError:
+        return ""
+    return f"{spec.summary} ({'lossless' if spec.lossless else 'lossy'})"
+
+
+def _knob_choices(knob) -> list | None:
+    """Named choices for string knobs the core resolves by name (the length schedule)."""
+    if knob.name == "length_schedule":
+        try:
+            from specgen.samplers.policies import POLICIES
+
+            return list(POLICIES)
+        except (ImportError, AttributeError):
+            return None
+    return None
+
+
+def _knob_component(gr, knob, visible: bool):
+    """One widget per registry knob: a slider for bounded integers, a dropdown for named choices."""
+    label, elem_id = knob.name.replace("_", " "), f"text-{knob.name.replace('_', '-')}"
+    common = dict(label=label, info=knob.help, visible=visible, elem_id=elem_id)
+    if knob.type is int and knob.minimum is not None and knob.maximum is not None:
+        return gr.Slider(int(knob.minimum), int(knob.maximum), value=knob.default, step=1, **common)
+    if knob.type in (int, float):
+        return gr.Number(value=knob.default, **common)
+    choices = _knob_choices(knob)
+    if choices and knob.default in choices:
+        return gr.Dropdown(choices, value=knob.default, **common)
+    return gr.Textbox(value=str(knob.default), **common)
+
+
+def make_text_runner(text_models: TextModels, knobs: list):
+    import gradio as gr
+
+    def run_text(prompt, method, compare, temperature, top_p, seed, max_new_tokens, *knob_values):
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise gr.Error("Enter a prompt first.")
+        if method not in registry.method_names("text"):
+            raise gr.Error(f"unknown text method {method!r}; choose from: {', '.join(registry.method_names('text'))}")
+        temperature = _check_number(gr, "temperature", temperature, 0.0, MAX_TEMPERATURE)
+        top_p = _check_number(gr, "top-p", top_p, 0.0, 1.0, low_open=True)
+        seed = _check_number(gr, "seed", seed, 0, MAX_SEED, integer=True)
+        max_new_tokens = _check_number(gr, "max new tokens", max_new_tokens, 1, MAX_NEW_TOKENS, integer=True)
+        spec = registry.get_method("text", method)
+        own = {knob.name for knob in spec.knobs}
+        params = {knob.name: value for knob, value in zip(knobs, knob_values)
+                  if knob.name in own and value is not None and value != ""}
+        try:
+            params = spec.resolve_knobs(params)
+            generator = text_models.get()
+            yield from _stream_text(gr, generator, prompt, method, spec, compare, params,
+                                    dict(temperature=temperature, top_p=top_p, seed=seed,
+                                         max_new_tokens=max_new_tokens))
+        except SpecgenError as exc:
+            raise gr.Error(str(exc)) from None
+        except gr.Error:
+            raise
+        except Exception as exc:  # noqa: BLE001 - shown in the UI, logged with its traceback
+            log.exception("text generation failed")
+            raise gr.Error(f"generation failed: {type(exc).__name__}: {exc}") from None
+
+    # Name the knob parameters after the knobs, so API clients can pass them by keyword.
+    fixed = list(inspect.signature(run_text).parameters.values())[:-1]
+    run_text.__signature__ = inspect.Signature(
+        fixed + [inspect.Parameter(k.name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for k in knobs])
+    return run_text
+
+
+def _jsonable(stats: dict) -> dict:
+    """Stats as JSON would carry them (window sizes become string keys)."""
+    return json.loads(json.dumps(stats))
+
+
+def _timed(iterator):
+    """Iterate, adding up only the time spent inside the generator (not in the UI between yields)."""
+    busy = [0.0]
+
+    def gen():
+        it = iter(iterator)
+        while True:
+            started = time.perf_counter()
+            try:
+                item = next(it)
+            except StopIteration:
+                busy[0] += time.perf_counter() - started
+                return
+            busy[0] += time.perf_counter() - started
+            yield item
+    return gen(), busy
+
+
+def _stream_text(gr, generator, prompt, method, spec, compare, params, options):
+    from specgen.samplers.stats import SpecStats
+
+    plain = spec.drafter is None
+    prompt_ids = generator.encode(prompt).tolist()
+    detok = IncrementalDetokenizer(generator.tokenizer, prompt_ids)
+    pieces: list[tuple[str, str | None]] = [(prompt, None)]
+    pending_label = None
+    stats, live = SpecStats(), LiveStats()
+    tokens: list[int] = []
+    events, busy = _timed(generator.stream(prompt, method=method, stats=stats, **options, **params))
+    for event in events:
+        if event.row != 0:
+            continue
+        live.update(event)
+        for token, source in zip(event.tokens, event.sources):
+            tokens.append(token)
+            label = PLAIN_LABEL if plain else SOURCE_LABELS[source]
+            piece = detok.push(token)
+            if piece:
+                pieces.append((piece, pending_label or label))
+                pending_label = None
+            else:  # an unfinished character: it shows with the token that completes it
+                pending_label = pending_label or label
+        current = live.summary(busy[0])
+        current["lossless"] = spec.lossless
+        yield (list(pieces), stats_markdown(current, method=method, running=True),
+               acceptance_frame(current["per_position_acceptance"]), current)
+    rest = detok.flush()
+    if rest:
+        pieces.append((rest, pending_label or PLAIN_LABEL))
+    spec_s = busy[0]
+    summary = stats.summary(method=method, lossless=spec.lossless, wall_s=spec_s,
+                            ar_step_s=generator.measure_step_s(prompt))
+    compared = None
+    if compare and not plain:
+        yield (list(pieces), stats_markdown(summary, method=method, running=True,
+                                            note="_running plain decoding of the same request for comparison…_"),
+               acceptance_frame(summary["per_position_acceptance"]), _jsonable(summary))
+        ar_tokens: list[int] = []
+        ar_events, ar_busy = _timed(generator.stream(prompt, method="ar", **options))
+        for event in ar_events:
+            if event.row == 0:
+                ar_tokens.extend(event.tokens)
+        ar_tps = len(ar_tokens) / ar_busy[0] if ar_busy[0] > 0 else None
+        compared = {"ar_tokens_per_s": ar_tps, "ar_wall_s": ar_busy[0],
+                    "speedup_vs_ar": summary["tokens_per_s"] / ar_tps if ar_tps and summary["tokens_per_s"] else None,
+                    "identical_to_ar": (ar_tokens == tokens) if options["temperature"] == 0 else None}
+        summary = {**summary, **compared}
+    note = ""
+    if compare and plain:
+        note = "_`ar` is plain decoding: there is nothing to compare it with._"
+    yield (list(pieces), stats_markdown(summary, method=method, running=False, compare=compared, note=note),
+           acceptance_frame(summary["per_position_acceptance"]), _jsonable(summary))
+
+
+def not_available_message(modality: str) -> str:
+    what = {"image": "Image generation", "video": "Video generation", "speech": "Speech generation"}[modality]
+    return (f"**{what} is not available in this version** (specgen {__version__}). "
+            f"The text tab works; this tab shows where {modality} will appear.")
+
+
+def make_unavailable_runner(modality: str):
+    import gradio as gr
+
+    def run(source, method):  # noqa: ARG001 - the inputs are accepted and ignored in this version
+        message = not_available_message(modality)
+        gr.Warning(message.replace("**", ""))
+        return None, message
+
+    first = "text" if modality == "speech" else "prompt"
+    run.__signature__ = inspect.Signature([inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                                           for name in (first, "method")])
+    return run
+
+
+# ---- the app -----------------------------------------------------------------------------------------------------
+
+def build_demo(text_generator=None, *, model: str | None = None, draft: str | None = None,
+               threads: int | None = 1, concurrency_limit: int = 1, text_models: TextModels | None = None):
+    """The Blocks app. Nothing heavy happens here: models load on the first request."""
+    import gradio as gr
+
+    text_models = text_models or TextModels(text_generator, model=model, draft=draft, threads=threads)
+    text_methods = registry.method_names("text")
+    knobs = _text_knobs()
+    default_method = "draft" if "draft" in text_methods else text_methods[0]
+    default_own = {k.name for k in registry.get_method("text", default_method).knobs}
+
+    with gr.Blocks(title="specgen") as demo:
+        header = gr.Markdown(header_markdown(text_models), elem_id="header")
+        with gr.Tabs():
+            with gr.Tab("Text", id="text", elem_id="tab-text"):
+                with gr.Row():
+                    with gr.Column(scale=1):
+                        prompt = gr.Textbox(label="Prompt", lines=4, elem_id="text-prompt",
+                                            value="def fibonacci(n):\n")
+                        method = gr.Dropdown(text_methods, value=default_method, label="Method",
+                                             elem_id="text-method", info=_method_info(default_method))
+                        compare = gr.Checkbox(value=True, label="compare with plain decoding",
+                                              info="re-runs the same request with `ar` and measures the speedup",
+                                              elem_id="text-compare")
+                        with gr.Row():
+                            run = gr.Button("Run", variant="primary", elem_id="text-run")
+                            stop = gr.Button("Stop", variant="stop", elem_id="text-stop")
+                        with gr.Accordion("Settings", open=True):
+                            knob_inputs = [_knob_component(gr, knob, knob.name in default_own) for knob in knobs]
+                            temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="temperature",
+                                                    info="0 means greedy", elem_id="text-temperature")
+                            top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="top-p",
+                                              elem_id="text-top-p")
+                            seed = gr.Number(value=0, precision=0, minimum=0, label="seed", elem_id="text-seed")
+                            max_new_tokens = gr.Number(value=64, precision=0, minimum=1, maximum=MAX_NEW_TOKENS,
+                                                       label="max new tokens", elem_id="text-max-new-tokens")
+                    with gr.Column(scale=2):
+                        output = gr.HighlightedText(label="Output", color_map=COLOR_MAP, combine_adjacent=True,
+                                                    show_legend=True, show_inline_category=False,
+                                                    elem_id="text-output")
+                        with gr.Row():
+                            stats_panel = gr.Markdown("_run a prompt to see τ, acceptance and speedup_",
+                                                      elem_id="text-stats")
+                            plot = gr.BarPlot(None, x="draft position", y="acceptance",
+                                              y_lim=[0, 1], title="acceptance per draft position",
+                                              elem_id="text-acceptance", height=260)
+                        with gr.Accordion("all statistics (JSON)", open=False):
+                            stats_json = gr.JSON(elem_id="text-stats-json")
+
+            unavailable = {}
+            for modality, title in (("image", "Image"), ("video", "Video"), ("speech", "Speech")):
+                with gr.Tab(title, id=modality, elem_id=f"tab-{modality}"):
+                    gr.Markdown(not_available_message(modality))
+                    methods = registry.method_names(modality) or PLANNED_METHODS[modality]
+                    with gr.Row():
+                        with gr.Column(scale=1):
+                            if modality == "speech":
+                                source = gr.Textbox(label="Text to speak", lines=3, elem_id="speech-text")
+                            else:
+                                source = gr.Textbox(label="Prompt or class label", lines=2,
+                                                    elem_id=f"{modality}-prompt")
+                            m_method = gr.Dropdown(methods, value=methods[0], label="Method",
+                                                   elem_id=f"{modality}-method")
+                            m_run = gr.Button("Run", variant="primary", elem_id=f"{modality}-run")
+                        with gr.Column(scale=2):
+                            if modality == "speech":
+                                m_output = gr.Audio(label="Speech", elem_id="speech-output", interactive=False)
+                            else:
+                                m_output = gr.Image(label=title, elem_id=f"{modality}-output", interactive=False)
+                            m_stats = gr.Markdown(elem_id=f"{modality}-stats")
+                    unavailable[modality] = (source, m_method, m_run, m_output, m_stats)
+
+        # ---- wiring ----
+        def show_knobs(name):
+            own = {k.name for k in registry.get_method("text", name).knobs} if name in text_methods else set()
+            return [gr.update(info=_method_info(name)), *(gr.update(visible=k.name in own) for k in knobs)]
+
+        method.change(show_knobs, method, [method, *knob_inputs], queue=False, api_name=False)
+        run_event = run.click(make_text_runner(text_models, knobs),
+                              [prompt, method, compare, temperature, top_p, seed, max_new_tokens, *knob_inputs],
+                              [output, stats_panel, plot, stats_json], api_name="generate_text",
+                              concurrency_limit=concurrency_limit, concurrency_id=MODEL_WORK)
+        run_event.then(lambda: header_markdown(text_models), None, header, queue=False, api_name=False)
+        stop.click(None, None, None, cancels=[run_event], api_name=False)
+        for modality, (source, m_method, m_run, m_output, m_stats) in unavailable.items():
+            m_run.click(make_unavailable_runner(modality), [source, m_method], [m_output, m_stats],
+                        api_name=f"generate_{modality}", concurrency_limit=None)
+        demo.load(lambda: header_markdown(text_models), None, header, queue=False, api_name=False)
+    demo.queue(max_size=64)
+    return demo
+
+
+def launch_demo(args) -> int:
+    """`specgen demo`: build, start loading the models in the background, serve until interrupted."""
+    from specgen.errors import InvalidRequest
+
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # nothing leaves the machine
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("specgen").setLevel(logging.INFO)  # our own progress (model loading), not every request
+    text_models = TextModels(model=getattr(args, "model", None), draft=getattr(args, "draft", None),
+                             threads=args.threads)
+    demo = build_demo(text_models=text_models)
+    try:
+        demo.launch(server_name=args.host, server_port=args.port, show_error=True, ssr_mode=False,
+                    footer_links=["api", "settings"], prevent_thread_lock=True)
+    except OSError as exc:
+        raise InvalidRequest(f"cannot serve on {args.host}:{args.port}: {exc}") from None
+    text_models.preload()  # serving already; the first request waits for the models if they are not ready
+    demo.block_thread()  # until Ctrl-C
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from specgen.app.cli import main
+
+    raise SystemExit(main(["demo", *sys.argv[1:]]))

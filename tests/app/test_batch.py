@@ -1,0 +1,209 @@
+"""`specgen batch`: up-front validation, per-item errors, resume after a kill, the summary, the engines; on a tiny
+random model pair saved to a temp folder (tests never use the shipped checkpoints)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from specgen.app import batch as batch_module
+from specgen.app.cli import main
+from specgen.modalities.text.generator import TextGenerator
+
+
+def _save_tiny(folder, seed, vocab_chars="abcdefghijklmnopqrstuvwxyz (){}:=\n", layers=2, hidden=32):
+    vocab = {"<bos>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(vocab_chars)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>")
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=96, bos_token_id=0, eos_token_id=1)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return _save_tiny(root / "target", 0), _save_tiny(root / "draft", 1, layers=1, hidden=16)
+
+
+@pytest.fixture(scope="module")
+def generator(pair):
+    return TextGenerator(*pair)
+
+
+ITEMS = [
+    {"id": "greedy", "modality": "text", "prompt": "abc abc (x", "params": {"max_new_tokens": 12}},
+    {"id": 2, "modality": "text", "prompt": "ab ab ab", "method": "ngram",
+     "params": {"max_new_tokens": 10, "num_draft_tokens": 3}},
+    {"id": "speech", "modality": "speech", "text": "hello"},
+    {"id": "too-long", "modality": "text", "prompt": "ab", "params": {"max_new_tokens": 500}},
+    {"id": "sampled", "modality": "text", "prompt": "ab", "seed": 3, "method": "draft",
+     "params": {"temperature": 1.0, "top_p": 0.9, "num_samples": 2, "max_new_tokens": 8}},
+    {"id": "plain", "modality": "text", "prompt": "x = (", "method": "ar", "params": {"max_new_tokens": 6}},
+    {"id": "image", "modality": "image", "class": 3},
+]
+
+
+def write_jsonl(path, items):
+    path.write_text("".join(json.dumps(item) + "\n" for item in items))
+    return path
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def run_cli(argv, capsys):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def full_run(pair, tmp_path_factory):
+    """One uninterrupted run through the command line (the reference for the resume tests)."""
+    folder = tmp_path_factory.mktemp("full")
+    source = write_jsonl(folder / "in.jsonl", ITEMS)
+    summary = batch_module.run_batch(source, folder / "out.jsonl", model=pair[0], draft=pair[1], progress=False)
+    return source, read_jsonl(folder / "out.jsonl"), summary
+
+
+def test_every_item_gets_one_line_and_failures_are_recorded(full_run, generator):
+    _, records, summary = full_run
+    by_id = {r["id"]: r for r in records}
+    assert [r["id"] for r in records] == [item["id"] for item in ITEMS]
+    assert all(set(r) == {"id", "status", "result" if r["status"] == "ok" else "error", "stats"} for r in records)
+    assert {i for i, r in by_id.items() if r["status"] == "error"} == {"speech", "too-long", "image"}
+    assert "not available in this version" in by_id["speech"]["error"]
+    assert "not available in this version" in by_id["image"]["error"]
+    assert "max_new_tokens" in by_id["too-long"]["error"]
+    alone = generator.generate("abc abc (x", method="draft", max_new_tokens=12)
+    assert by_id["greedy"]["result"] == {"text": alone.text, "tokens": alone.tokens}
+    assert by_id["greedy"]["stats"]["method"] == "draft" and by_id["greedy"]["stats"]["tau"] == alone.stats["tau"]
+    assert by_id[2]["stats"]["method"] == "ngram" and by_id["plain"]["stats"]["tau"] == 1.0
+    sampled = generator.generate("ab", method="draft", temperature=1.0, top_p=0.9, num_samples=2, seed=3,
+                                 max_new_tokens=8)
+    assert by_id["sampled"]["result"] == {"samples": sampled.samples}
+    assert (summary["ok"], summary["error"], summary["skipped"]) == (4, 3, 0)
+    assert summary["tokens"] == sum(r["stats"]["committed"] for r in records if r["status"] == "ok")
+    assert summary["mean_tau"] > 0 and summary["tokens_per_s"] > 0
+
+
+def test_resume_after_a_kill_loses_nothing_and_repeats_nothing(full_run, pair, tmp_path, capsys):
+    source, reference, _ = full_run
+    out = tmp_path / "out.jsonl"
+    lines = [json.dumps(r) for r in reference]
+    # killed while writing the fourth line: three complete lines and part of the next one
+    out.write_text("\n".join(lines[:3]) + "\n" + lines[3][: len(lines[3]) // 2])
+    code, stdout, err = run_cli(["batch", "--input", str(source), "--output", str(out), "--model", pair[0],
+                                 "--draft", pair[1], "--json"], capsys)
+    assert code == 0, err
+    records = read_jsonl(out)
+    assert sorted(map(str, (r["id"] for r in records))) == sorted(str(item["id"]) for item in ITEMS)
+    strip = [{k: v for k, v in r.items() if k != "stats"} for r in records]
+    expected = [{k: v for k, v in r.items() if k != "stats"} for r in reference]
+    assert strip[:3] == expected[:3]  # untouched
+    assert sorted(strip, key=lambda r: str(r["id"])) == sorted(expected, key=lambda r: str(r["id"]))
+    summary = json.loads(stdout)  # stdout holds only the JSON summary
+    assert (summary["skipped"], summary["ran"]) == (3, len(ITEMS) - 3)
+    assert "incomplete last line" in err or "skipping" in err
+    assert "mean tau" in err and "tokens/s" in err  # the summary table
+    # a second rerun has nothing left to do
+    code, stdout, err = run_cli(["batch", "--input", str(source), "--output", str(out), "--model", pair[0],
+                                 "--draft", pair[1], "--json"], capsys)
+    assert code == 0 and json.loads(stdout)["ran"] == 0 and len(read_jsonl(out)) == len(ITEMS)
+
+
+def test_every_line_is_on_disk_as_soon_as_it_is_written(generator, tmp_path, monkeypatch):
+    source = write_jsonl(tmp_path / "in.jsonl", ITEMS[:2] + [ITEMS[5]])
+    out = tmp_path / "out.jsonl"
+    seen = []
+    real = batch_module.run_item
+
+    def spy(gen, request):  # before each item runs, every earlier result is already in the file
+        seen.append(len(out.read_text().splitlines()))
+        return real(gen, request)
+
+    monkeypatch.setattr(batch_module, "run_item", spy)
+    batch_module.run_batch(source, out, generator=generator, progress=False)
+    assert seen == [0, 1, 2]
+
+
+BAD_INPUTS = {
+    "not json": ('{"id": "a", "modality": "text", "prompt": "x"}\n\n{"id": \n', ["line 3", "JSON"]),
+    "not an object": ('{"id": "a", "modality": "text", "prompt": "x"}\n[1, 2]\n', ["line 2", "object"]),
+    "unknown modality": ('{"id": "a", "modality": "audio", "prompt": "x"}\n', ["line 1", "audio"]),
+    "missing modality": ('{"id": "a", "prompt": "x"}\n', ["line 1", "modality"]),
+    "missing prompt": ('{"id": "a", "modality": "text", "prompt": "x"}\n{"id": "b", "modality": "text"}\n',
+                       ["line 2", "prompt"]),
+    "empty prompt": ('{"id": "a", "modality": "text", "prompt": "  "}\n', ["line 1", "prompt"]),
+    "speech needs text": ('{"id": "a", "modality": "speech", "prompt": "x"}\n', ["line 1", "text"]),
+    "missing id": ('{"modality": "text", "prompt": "x"}\n', ["line 1", "id"]),
+    "duplicate id": ('{"id": "a", "modality": "text", "prompt": "x"}\n{"id": "b", "modality": "text", '
+                     '"prompt": "y"}\n{"id": "a", "modality": "speech", "text": "z"}\n', ["line 3", "duplicate", "line 1"]),
+    "unknown method": ('{"id": "a", "modality": "text", "prompt": "x", "method": "zz"}\n', ["line 1", "zz"]),
+    "bad param": ('{"id": "a", "modality": "text", "prompt": "x", "params": {"top_p": 2}}\n', ["line 1", "top_p"]),
+    "unknown param": ('{"id": "a", "modality": "text", "prompt": "x", "params": {"beams": 2}}\n',
+                      ["line 1", "beams"]),
+    "bad seed": ('{"id": "a", "modality": "text", "prompt": "x", "seed": -1}\n', ["line 1", "seed"]),
+    "empty file": ("\n\n", ["no requests"]),
+}
+
+
+@pytest.mark.parametrize("content, words", list(BAD_INPUTS.values()), ids=list(BAD_INPUTS))
+def test_invalid_input_exits_2_naming_the_line_before_any_work(content, words, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.jsonl").write_text(content)
+    monkeypatch.setattr(batch_module, "run_item", lambda *a: pytest.fail("no item may run"))
+    code, out, err = run_cli(["batch", "--input", "in.jsonl", "--output", "out.jsonl", "--model", "missing"],
+                             capsys)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and err.startswith("error: ")
+    for word in words:
+        assert word in err
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_damaged_output_file_is_not_appended_to(generator, tmp_path):
+    source = write_jsonl(tmp_path / "in.jsonl", ITEMS[:1])
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"id": "x", "status": "ok"}\nnot json\n{"id": "y", "status": "ok"}\n')
+    with pytest.raises(batch_module.InvalidRequest, match="line 2"):
+        batch_module.run_batch(source, out, generator=generator, progress=False)
+
+
+def test_a_missing_model_fails_before_anything_is_written(tmp_path, capsys):
+    source = write_jsonl(tmp_path / "in.jsonl", ITEMS[:1])
+    code, out, err = run_cli(["batch", "--input", str(source), "--output", str(tmp_path / "out.jsonl"),
+                              "--model", str(tmp_path / "nowhere")], capsys)
+    assert code == 2 and "does not exist" in err and not (tmp_path / "out.jsonl").exists()
+
+
+def test_ray_engine_without_ray_is_a_missing_extra(tmp_path, capsys, monkeypatch):
+    source = write_jsonl(tmp_path / "in.jsonl", ITEMS[:1])
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    code, out, err = run_cli(["batch", "--input", str(source), "--output", str(tmp_path / "out.jsonl"),
+                              "--engine", "ray"], capsys)
+    assert code == 2 and out == "" and err.startswith("error: ") and "ray" in err.lower()
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed (optional engine)")
+def test_ray_engine_gives_the_local_results(full_run, pair, tmp_path):
+    source, reference, _ = full_run
+    out = tmp_path / "out.jsonl"
+    batch_module.run_batch(source, out, engine="ray", model=pair[0], draft=pair[1], workers=2, progress=False)
+    strip = lambda rs: sorted(({k: v for k, v in r.items() if k != "stats"} for r in rs), key=lambda r: str(r["id"]))  # noqa: E731
+    assert strip(read_jsonl(out)) == strip(reference)

@@ -1,0 +1,102 @@
+"""The web demo in a real browser: headless Debian Chromium driven by Playwright (never `playwright install`), on a
+tiny random model pair saved to a temp folder. Skips when Chromium or Playwright is missing (CI installs both)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+CHROMIUM = "/usr/bin/chromium"
+if not os.path.exists(CHROMIUM):
+    pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+
+from specgen.app.ui import build_demo  # noqa: E402
+from specgen.modalities.text.generator import TextGenerator  # noqa: E402
+
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+def _save_tiny(folder, seed, vocab_chars="abcdefghijklmnopqrstuvwxyz (){}:=\n", layers=2, hidden=32):
+    vocab = {"<bos>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(vocab_chars)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>")
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=96, bos_token_id=0, eos_token_id=1)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return str(folder)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    generator = TextGenerator(_save_tiny(root / "target", 0), _save_tiny(root / "draft", 1, layers=1, hidden=16))
+    demo = build_demo(generator)
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
+                            quiet=True, ssr_mode=False)
+    try:
+        yield url
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="module")
+def page(app_url):
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        hosts = []
+        page.on("request", lambda request: hosts.append(urlparse(request.url).hostname))
+        page.goto(app_url, wait_until="networkidle")
+        page.hosts = hosts
+        try:
+            yield page
+        finally:
+            browser.close()
+
+
+def test_text_tab_runs_in_the_browser(page, tmp_path):
+    page.fill("#text-prompt textarea", "abc abc (x")
+    page.click("#text-run")
+    page.wait_for_function("document.querySelector('#text-stats')?.innerText.includes('done')", timeout=30_000)
+    output = page.inner_text("#text-output")
+    assert "abc abc (x" in output and "accepted" in output  # the prompt, then coloured tokens and the legend
+    assert len(page.query_selector_all("#text-output .token.highlighted")) >= 1
+    stats = page.inner_text("#text-stats")
+    assert "τ" in stats and "measured speedup vs plain decoding" in stats
+    shot = Path(os.environ.get("SPECGEN_SCREENSHOT_DIR", tmp_path)) / "demo-text.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("tab, modality", [("Image", "image"), ("Speech", "speech")])
+def test_other_tabs_say_not_available_in_the_browser(page, tab, modality):
+    page.get_by_role("tab", name=tab).click()
+    page.click(f"#{modality}-run")
+    page.wait_for_function(
+        f"document.querySelector('#{modality}-stats')?.innerText.includes('not available in this version')",
+        timeout=15_000)
+
+
+def test_the_page_asks_nothing_of_other_hosts(page):
+    assert page.hosts and set(page.hosts) <= {"127.0.0.1", "localhost"}, set(page.hosts)

@@ -1,0 +1,206 @@
+"""The web demo driven through its API with gradio_client, on a tiny random model pair saved to a temp folder
+(tests never use the shipped checkpoints)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from specgen.app.ui import COLOR_MAP, IncrementalDetokenizer, build_demo
+from specgen.modalities.text.generator import TextGenerator
+
+pytest.importorskip("gradio_client")
+from gradio_client import Client  # noqa: E402
+
+PROMPT = "abc abc (x"
+
+
+def _save_tiny(folder, seed, vocab_chars="abcdefghijklmnopqrstuvwxyz (){}:=\n", layers=2, hidden=32):
+    vocab = {"<bos>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(vocab_chars)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>")
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=96, bos_token_id=0, eos_token_id=1)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return str(folder)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def generator(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return TextGenerator(_save_tiny(root / "target", 0), _save_tiny(root / "draft", 1, layers=1, hidden=16))
+
+
+@pytest.fixture(scope="module")
+def app(generator):
+    demo = build_demo(generator)
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
+                            quiet=True, ssr_mode=False)
+    try:
+        yield url
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="module")
+def client(app):
+    return Client(app, verbose=False)
+
+
+def _text(highlighted) -> str:
+    return "".join(part["token"] for part in highlighted or [])
+
+
+def _generated(highlighted) -> str:
+    """The generated part (everything after the unlabelled prompt)."""
+    return "".join(part["token"] for part in highlighted or [] if part["class_or_confidence"] is not None)
+
+
+def test_text_tab_streams_and_reports_stats(client, generator):
+    job = client.submit(prompt=PROMPT, method="draft", max_new_tokens=30, compare=True, api_name="/generate_text")
+    result = job.result(timeout=60)
+    updates = job.outputs()
+    lengths = [len(_text(update[0])) for update in updates]
+    assert len(updates) >= 3 and lengths == sorted(lengths) and lengths[-1] > lengths[0]  # output grows live
+    highlighted, stats_md, plot, stats = result
+    assert _text(highlighted).startswith(PROMPT)
+    assert {part["class_or_confidence"] for part in highlighted[1:]} <= {"accepted", "recovered", "bonus"}
+    alone = generator.generate(PROMPT, method="draft", max_new_tokens=30)
+    assert _generated(highlighted) == alone.text
+    assert "τ" in stats_md and "measured speedup vs plain decoding" in stats_md
+    for key in ("tau", "acceptance_rate", "alpha_hat", "steps", "tokens_per_s", "predicted_speedup_ideal",
+                "predicted_speedup_measured", "per_position_acceptance", "speedup_vs_ar"):
+        assert key in stats
+    assert stats["tau"] == pytest.approx(alone.stats["tau"]) and stats["committed"] == len(alone.tokens)
+    assert stats["identical_to_ar"] is True  # greedy: speculative output equals plain decoding
+    assert [row[0] for row in plot["data"]] == [f"#{i + 1}" for i in range(len(stats["per_position_acceptance"]))]
+
+
+def test_prompt_lookup_marks_accepted_tokens_and_plain_decoding_is_grey(client):
+    ngram = client.predict(prompt="ab ab ab ab", method="ngram", max_new_tokens=40, compare=False,
+                           api_name="/generate_text")
+    assert "accepted" in {part["class_or_confidence"] for part in ngram[0]}
+    plain = client.predict(prompt=PROMPT, method="ar", max_new_tokens=10, api_name="/generate_text")
+    assert {part["class_or_confidence"] for part in plain[0][1:]} == {"target"} and "target" in COLOR_MAP
+    assert plain[3]["tau"] == 1.0
+
+
+@pytest.mark.parametrize("endpoint, kwargs", [("/generate_image", {"prompt": "a red circle"}),
+                                              ("/generate_video", {"prompt": "3"}),
+                                              ("/generate_speech", {"text": "hello"})])
+def test_other_tabs_say_not_available(client, endpoint, kwargs):
+    output, message = client.predict(**kwargs, method="ar", api_name=endpoint)
+    assert output is None and "not available in this version" in message
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"prompt": "   "}, ["prompt"]),
+    ({"prompt": "ab", "max_new_tokens": 500}, ["max_new_tokens", "context"]),
+    ({"prompt": "ab", "temperature": 99}, ["99"]),
+    ({"prompt": "ab", "seed": -5}, ["-5"]),
+    ({"prompt": "ab", "method": "bogus"}, ["bogus"]),
+    ({"prompt": "ab", "length_schedule": "sometimes"}, ["sometimes"]),
+])
+def test_bad_inputs_show_an_error_message(client, kwargs, words):
+    with pytest.raises(Exception) as info:
+        client.predict(**{"max_new_tokens": 8, **kwargs}, api_name="/generate_text")
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_concurrent_seeded_requests_equal_the_same_request_alone(app, generator):
+    results, errors = {}, []
+
+    def one(seed):
+        client = Client(app, verbose=False)
+        try:
+            results[seed] = client.predict(prompt="ab", method="draft", temperature=1.0, seed=seed,
+                                           max_new_tokens=16, compare=False, api_name="/generate_text")
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=one, args=(seed,)) for seed in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and sorted(results) == list(range(8))
+    for seed, result in results.items():
+        alone = generator.generate("ab", method="draft", temperature=1.0, seed=seed, max_new_tokens=16)
+        assert _generated(result[0]) == alone.text and result[3]["committed"] == len(alone.tokens)
+    assert len({_generated(r[0]) for r in results.values()}) > 1  # the seeds matter
+
+
+def test_cancel_frees_the_model_slot(client):
+    job = client.submit(prompt=PROMPT, method="draft", max_new_tokens=80, compare=True, api_name="/generate_text")
+    job.cancel()
+    after = client.predict(prompt=PROMPT, method="ar", max_new_tokens=5, api_name="/generate_text")
+    assert after[3]["committed"] == 5
+
+
+def test_models_load_lazily_and_a_missing_model_is_a_message(tmp_path):
+    demo = build_demo(model=str(tmp_path / "missing"))  # builds without touching the model
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
+                            quiet=True, ssr_mode=False)
+    try:
+        with pytest.raises(Exception, match="does not exist"):
+            Client(url, verbose=False).predict(prompt="ab", api_name="/generate_text")
+    finally:
+        demo.close()
+
+
+def test_demo_command_on_a_busy_port_is_one_error_line(capsys, tmp_path):
+    from specgen.app.cli import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code = main(["demo", "--port", str(port), "--model", str(tmp_path / "missing")])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.startswith("error: cannot serve on 127.0.0.1:") and len(err.splitlines()) == 1
+
+
+def test_importing_the_app_loads_nothing_heavy():
+    code = ("import sys, specgen.app.ui, specgen.app.batch; "
+            "print(sorted(m for m in ('torch', 'gradio', 'transformers', 'pandas') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+
+
+def test_incremental_detokenizer_matches_full_decoding():
+    text = "héllo wörld — naïve café 😀 ünïcödé\n  indented(x) 🎉🎉"
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(["hello world cafe", "indented"], trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe)
+    context = tokenizer("the prompt ", add_special_tokens=False)["input_ids"]
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    detok = IncrementalDetokenizer(tokenizer, context)
+    pieces = [detok.push(i) for i in ids] + [detok.flush()]
+    assert "".join(pieces) == tokenizer.decode(ids) == text
+    assert "" in pieces  # multi-byte characters wait for their last byte
+    assert all("\ufffd" not in piece for piece in pieces)
