@@ -448,17 +448,22 @@ def _model_record(path: str | None) -> dict | None:
             "sha256": _sha256(folder / "model.safetensors")}
 
 
-def environment(runner: Runner, *, command: str, prompts_path: Path, prompts: list[Prompt], max_new_tokens: int,
-                repeats: int, draft_length: dict, load_before, load_after, load_samples: list[float],
-                timestamp: str, variants: list[Variant]) -> dict:
+def source_state() -> dict:
+    """The checkout's commit and whether tracked files differ from it; taken when the run starts, since the
+    tree may be committed or edited while a long run goes on."""
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {"git_commit": _git("rev-parse", "HEAD"), "git_dirty": None if status is None else bool(status)}
+
+
+def environment(runner: Runner, *, source: dict, command: str, prompts_path: Path, prompts: list[Prompt],
+                max_new_tokens: int, repeats: int, draft_length: dict, load_before, load_after,
+                load_samples: list[float], timestamp: str, variants: list[Variant]) -> dict:
     import transformers
 
-    status = _git("status", "--porcelain", "--untracked-files=no")
     peaks = [x for x in [*(load_before or [])[:1], *load_samples, *(load_after or [])[:1]] if x is not None]
     generator = runner.generator
     env = {
-        "timestamp_utc": timestamp, "command": command,
-        "git_commit": _git("rev-parse", "HEAD"), "git_dirty": None if status is None else bool(status),
+        "timestamp_utc": timestamp, "command": command, **source,
         "specgen": __version__, "python": platform.python_version(), "torch": torch.__version__,
         "transformers": transformers.__version__, "numpy": np.__version__, "platform": platform.platform(),
         "cpu_model": _cpu_model(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
@@ -658,7 +663,7 @@ def run_bench(*, prompts_path: Path | None, methods: list[str] | None, max_new_t
             raise InvalidRequest(f"prompt {p.id!r} has {len(ids)} tokens: with {max_new_tokens} new tokens it "
                                  f"exceeds the model's context of {capacity}")
 
-    load_before, load_samples = _load(), []
+    source, load_before, load_samples = source_state(), _load(), []
     timestamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     bar = progress(len(variants) * (1 + len(prompts) * repeats))
     warmup = min(WARMUP_TOKENS, max_new_tokens)
@@ -684,7 +689,7 @@ def run_bench(*, prompts_path: Path | None, methods: list[str] | None, max_new_t
     load_after = _load()
 
     result = {"methods": summarise(items, variants, pooled), "items": items,
-              "env": environment(runner, command=command, prompts_path=prompts_path, prompts=prompts,
+              "env": environment(runner, source=source, command=command, prompts_path=prompts_path, prompts=prompts,
                                  max_new_tokens=max_new_tokens, repeats=repeats,
                                  draft_length={"draft": draft_length, "ngram": lookup_length},
                                  load_before=load_before, load_after=load_after, load_samples=load_samples,
