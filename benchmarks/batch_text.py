@@ -72,8 +72,8 @@ def main() -> None:
             same &= [r["result"]["tokens"] for r in records] == [r.tokens for r in results]
     tokens = sum(len(r.tokens) for r in results)
     ratios = [b / lp for b, lp in zip(batch_s, loop_s)]
-    print(f"| items | tokens | method | runner s (median) | loop s (median) | runner / loop | identical |")
-    print(f"|---|---|---|---|---|---|---|")
+    print("| items | tokens | method | runner s (median) | loop s (median) | runner / loop | identical |")
+    print("|---|---|---|---|---|---|---|")
     print(f"| {len(items)} | {tokens} | {args.method} | {statistics.median(batch_s):.2f} | "
           f"{statistics.median(loop_s):.2f} | {statistics.median(ratios):.3f} "
           f"(range {min(ratios):.3f}-{max(ratios):.3f}) | {'yes' if same else 'NO'} |")

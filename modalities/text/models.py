@@ -24,7 +24,6 @@ ARCHITECTURES = {
 def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE):
     """A byte-level BPE over `texts` wrapped as a `PreTrainedTokenizerFast` (any byte string round-trips)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     # No prefix space and no trimming: decode(encode(s)) must give back s byte for byte.

@@ -7,34 +7,19 @@ import importlib.util
 import json
 
 import pytest
-import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from tiny_models import save_tiny
 from specgen.app import batch as batch_module
 from specgen.app.cli import main
 from specgen.modalities.text.generator import TextGenerator
 
 
-def _save_tiny(folder, seed, vocab_chars="abcdefghijklmnopqrstuvwxyz (){}:=\n", layers=2, hidden=32):
-    vocab = {"<bos>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(vocab_chars)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>")
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=96, bos_token_id=0, eos_token_id=1)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    fast.save_pretrained(folder)
-    return str(folder)
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
-    return _save_tiny(root / "target", 0), _save_tiny(root / "draft", 1, layers=1, hidden=16)
+    return save_tiny(root / "target", 0), save_tiny(root / "draft", 1, layers=1, hidden=16)
 
 
 @pytest.fixture(scope="module")

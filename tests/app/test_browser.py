@@ -4,21 +4,17 @@ tiny random model pair saved to a temp folder. Skips when Chromium or Playwright
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 CHROMIUM = "/usr/bin/chromium"
 if not os.path.exists(CHROMIUM):
     pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 
+from tiny_models import free_port, save_tiny  # noqa: E402
 from specgen.app.ui import build_demo  # noqa: E402
 from specgen.modalities.text.generator import TextGenerator  # noqa: E402
 
@@ -26,31 +22,14 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 
 
-def _save_tiny(folder, seed, vocab_chars="abcdefghijklmnopqrstuvwxyz (){}:=\n", layers=2, hidden=32):
-    vocab = {"<bos>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(vocab_chars)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>")
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=96, bos_token_id=0, eos_token_id=1)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    fast.save_pretrained(folder)
-    return str(folder)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
-    generator = TextGenerator(_save_tiny(root / "target", 0), _save_tiny(root / "draft", 1, layers=1, hidden=16))
+    generator = TextGenerator(save_tiny(root / "target", 0), save_tiny(root / "draft", 1, layers=1, hidden=16))
     demo = build_demo(generator)
     _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
                             quiet=True, ssr_mode=False)

@@ -9,10 +9,10 @@ import sys
 import threading
 
 import pytest
-import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
+from tiny_models import save_tiny, free_port
 from specgen.app.ui import COLOR_MAP, IncrementalDetokenizer, build_demo
 from specgen.modalities.text.generator import TextGenerator
 
@@ -22,31 +22,14 @@ from gradio_client import Client  # noqa: E402
 PROMPT = "abc abc (x"
 
 
-def _save_tiny(folder, seed, vocab_chars="abcdefghijklmnopqrstuvwxyz (){}:=\n", layers=2, hidden=32):
-    vocab = {"<bos>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(vocab_chars)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>")
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=96, bos_token_id=0, eos_token_id=1)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    fast.save_pretrained(folder)
-    return str(folder)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def generator(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
-    return TextGenerator(_save_tiny(root / "target", 0), _save_tiny(root / "draft", 1, layers=1, hidden=16))
+    return TextGenerator(save_tiny(root / "target", 0), save_tiny(root / "draft", 1, layers=1, hidden=16))
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,8 @@ import json
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-from tokenizers import Tokenizer, models, pre_tokenizers, decoders
 
+from tiny_models import save_tiny
 from specgen.app.cli import main
 from specgen.errors import InvalidRequest, ModelNotFound, VocabularyMismatch
 from specgen.modalities.text.generator import TextGenerator
@@ -15,25 +14,12 @@ from specgen.modalities.text.ngram import PromptLookupDrafter, lookup
 from specgen.samplers.types import DecodeContext
 
 
-def _save_tiny(folder, seed, vocab_chars="abcdefghijklmnopqrstuvwxyz (){}:=\n", layers=2, hidden=32):
-    vocab = {"<bos>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(vocab_chars)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>")
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=96, bos_token_id=0, eos_token_id=1)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    fast.save_pretrained(folder)
-    return str(folder)
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
-    return _save_tiny(root / "target", 0), _save_tiny(root / "draft", 1, layers=1, hidden=16)
+    return save_tiny(root / "target", 0), save_tiny(root / "draft", 1, layers=1, hidden=16)
 
 
 def test_lookup_takes_the_latest_longest_match():
@@ -83,7 +69,7 @@ def test_bad_requests(pair, tmp_path):
         generator.generate("ab", method="nope")
     with pytest.raises(ModelNotFound):
         TextGenerator(str(tmp_path / "missing"))
-    other = _save_tiny(tmp_path / "other", 2, vocab_chars="xyz")
+    other = save_tiny(tmp_path / "other", 2, vocab_chars="xyz")
     with pytest.raises(VocabularyMismatch, match="5 tokens.*36 tokens"):
         TextGenerator(pair[0], other).generate("ab", method="draft", max_new_tokens=4)
 

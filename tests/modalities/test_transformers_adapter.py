@@ -8,7 +8,7 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, Llama
 
 from specgen.modalities.model_drafter import ModelDrafter
 from specgen.modalities.transformers_adapter import TransformersTarget
-from specgen.samplers.acceptance import ChainRejection, GreedyMatch, TreeRejection
+from specgen.samplers.acceptance import ChainRejection, GreedyMatch
 from specgen.samplers.chisquare import goodness_of_fit
 from specgen.samplers.loop import generate
 from specgen.samplers.policies import FixedLength

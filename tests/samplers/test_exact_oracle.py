@@ -1,14 +1,12 @@
 """Layer 1: every lossless rule reproduces the target's joint distribution exactly (to 1e-9), by enumeration;
 the negative controls must miss it by far more."""
 
-from functools import partial
 
 import pytest
 import torch
 
 from specgen.samplers.oracle import (chain_proposals, exact_output, max_abs_diff, target_joint, target_probs_for,
                                      tree_proposals)
-from specgen.kernels import residual_probs
 from specgen.samplers.acceptance import ChainRejection, GreedyMatch, TreeRejection
 from specgen.samplers.processing import Processing
 from specgen.samplers.toy import TableLM

@@ -1,0 +1,42 @@
+"""Tiny random-init Llama checkpoints with a character tokenizer, saved to a folder: what every text test loads
+(tests never use the shipped checkpoints)."""
+
+import socket
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+CHARS = "abcdefghijklmnopqrstuvwxyz (){}:=\n"
+
+
+def save_tiny(folder, seed, vocab_chars=CHARS, layers=2, hidden=32, wide=False) -> str:
+    """wide=True: a wide initialisation keeps top-2 logit margins far above float rounding (so another attention
+    path cannot flip a near-tie) and a zero <eos> logit lets runs go the full length."""
+    vocab = {"<bos>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(vocab_chars)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>")
+    torch.manual_seed(seed)
+    extra = {"initializer_range": 0.2} if wide else {}
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=96, bos_token_id=0, eos_token_id=1, **extra)
+    model = LlamaForCausalLM(config)
+    if wide:
+        with torch.no_grad():
+            model.lm_head.weight[1] = 0
+    model.save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return str(folder)
+
+
+def save_tiny_pair(root, wide=False) -> tuple[str, str]:
+    return save_tiny(root / "target", 0, wide=wide), save_tiny(root / "draft", 1, layers=1, hidden=16, wide=wide)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
