@@ -262,17 +262,7 @@ def _count_peer_steps(model, stats: SpecStats):
 
 
 def _record_chain_step(stats: SpecStats, drafted: int, accepted: int) -> None:
-    rejected = accepted < drafted
-    stats.drafted += drafted
-    stats.accepted += accepted
-    stats.rejections += int(rejected)
-    depth = accepted + int(rejected)  # drafted tokens after a rejection were never tested
-    while len(stats.tested_at) < depth:
-        stats.tested_at.append(0)
-        stats.accepted_at.append(0)
-    for d in range(depth):
-        stats.tested_at[d] += 1
-        stats.accepted_at[d] += int(d < accepted)
+    stats.record_row(drafted, accepted, accepted < drafted)
 
 
 # ---- exactness ---------------------------------------------------------------------------------------------------

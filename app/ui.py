@@ -77,43 +77,28 @@ class IncrementalDetokenizer:
 
 # ---- live statistics from step events ----------------------------------------------------------------------------
 
+def _spec_stats():
+    from specgen.samplers.stats import SpecStats  # torch-backed: imported when a run starts, not with the app
+
+    return SpecStats()
+
+
 @dataclass
 class LiveStats:
     """What the UI shows while a run is in flight, counted from the StepEvents of sample 0."""
 
-    steps: int = 0
-    committed: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    rejections: int = 0
-    tested_at: list = field(default_factory=list)
-    accepted_at: list = field(default_factory=list)
+    stats: object = field(default_factory=_spec_stats)
 
     def update(self, event) -> None:
-        self.steps += 1
-        self.committed += len(event.tokens)
-        self.drafted += event.num_drafted
-        self.accepted += event.num_accepted
-        rejected = int(any(s == 1 for s in event.sources))  # TokenSource.RECOVERED
-        self.rejections += rejected
-        depth = event.num_accepted + rejected
-        while len(self.tested_at) < depth:
-            self.tested_at.append(0)
-            self.accepted_at.append(0)
-        for d in range(depth):
-            self.tested_at[d] += 1
-            self.accepted_at[d] += int(d < event.num_accepted)
+        self.stats.row_steps += 1
+        self.stats.committed += len(event.tokens)
+        self.stats.record_row(event.num_drafted, event.num_accepted, any(s == 1 for s in event.sources))  # RECOVERED
 
     def summary(self, busy_s: float) -> dict:
-        tested = self.accepted + self.rejections
-        return {
-            "steps": self.steps, "committed": self.committed, "drafted": self.drafted, "accepted": self.accepted,
-            "tau": self.committed / self.steps if self.steps else 0.0,
-            "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
-            "alpha_hat": self.accepted / tested if tested else None,
-            "per_position_acceptance": [a / t if t else None for a, t in zip(self.accepted_at, self.tested_at)],
-            "tokens_per_s": self.committed / busy_s if busy_s > 0 else None,
-        }
+        full = self.stats.summary(method="", lossless=True, wall_s=busy_s)
+        keys = ("committed", "drafted", "accepted", "tau", "acceptance_rate", "alpha_hat", "per_position_acceptance",
+                "tokens_per_s")
+        return {"steps": self.stats.row_steps, **{key: full[key] for key in keys}}
 
 
 # ---- rendering ---------------------------------------------------------------------------------------------------

@@ -47,21 +47,26 @@ class SpecStats:
         self.drafted += int(verdict.num_drafted.sum())
         accepted = verdict.num_accepted.tolist()
         rejected = (verdict.source == TokenSource.RECOVERED).any(-1).tolist()
-        self.accepted += sum(accepted)
-        self.rejections += sum(rejected)
-        self.committed += committed
         for n_acc, rej in zip(accepted, rejected):
-            depth = n_acc + int(rej)
-            while len(self.tested_at) < depth:
-                self.tested_at.append(0)
-                self.accepted_at.append(0)
-            for d in range(depth):
-                self.tested_at[d] += 1
-                self.accepted_at[d] += int(d < n_acc)
+            self.record_row(0, n_acc, rej)
+        self.committed += committed
         self.draft_s += draft_s
         self.verify_s += verify_s
         self.verify_by_window[window][0] += verify_s
         self.verify_by_window[window][1] += 1
+
+    def record_row(self, drafted: int, accepted: int, rejected: bool) -> None:
+        """One row's verification: per-depth counts stop at the first rejection (later drafts were never tested)."""
+        self.drafted += drafted
+        self.accepted += accepted
+        self.rejections += int(rejected)
+        depth = accepted + int(rejected)
+        while len(self.tested_at) < depth:
+            self.tested_at.append(0)
+            self.accepted_at.append(0)
+        for d in range(depth):
+            self.tested_at[d] += 1
+            self.accepted_at[d] += int(d < accepted)
 
     def mean_verify_s(self, window: int) -> float | None:
         seconds, count = self.verify_by_window.get(window, (0.0, 0))
