@@ -293,11 +293,11 @@ def _use_threads(threads: int) -> None:
 
 def _train_text(args: argparse.Namespace) -> int:
     """`train text` trains the code target, `train draft` its draft; both export fp16 weights into OUT/export."""
-    from specgen.modalities.text.train import train_text_model
+    from specgen.modalities.text.train import DEFAULT_STEPS, train_text_model
 
     role = "target" if args.what == "text" else "draft"
     out = args.out or Path("runs") / role
-    summary = train_text_model(role, out, args.steps or (400 if role == "target" else 600), seed=args.seed,
+    summary = train_text_model(role, out, args.steps or DEFAULT_STEPS[role], seed=args.seed,
                                threads=args.threads, export_dir=out / "export", max_files=args.max_files)
     print(json.dumps({k: summary.get(k) for k in ("role", "params", "steps", "tokens_seen", "final_train_loss",
                                                   "final_val_loss", "wall_s")}))

@@ -102,7 +102,7 @@ class TreeRejection:
         tree = self._as_tree(tree, target_probs.shape[-1])
         batch, nodes = tree.tokens.shape
         rows = torch.arange(batch)
-        children = kernels.tree_children(tree.parents)  # [batch, nodes, width]
+        children = kernels.tree_children(tree.verified_parents)  # [batch, nodes, width]
         accept = torch.zeros(batch, nodes, dtype=torch.float64)
         emit = torch.zeros(batch, nodes, target_probs.shape[-1], dtype=torch.float64)
         for node in range(nodes):  # every node's children, all rows at once, with the sampler's own step
@@ -127,7 +127,7 @@ class TreeRejection:
         tree = self._as_tree(tree, target_probs.shape[-1])
         draft_probs = None if self.siblings == "deterministic" else tree.draft_probs
         path, tokens, num_accepted, rejected = kernels.tree_rejection_sample(
-            tree.tokens, tree.parents, draft_probs, target_probs, accept_uniform, noise.emit_uniform,
+            tree.tokens, tree.verified_parents, draft_probs, target_probs, accept_uniform, noise.emit_uniform,
             self.siblings == "without_replacement")
         width = int(tree.depths.max()) + 1  # the same layout whatever was accepted ([batch, k + 1] for a chain)
         path = torch.nn.functional.pad(path, (0, width - path.shape[1]), value=-1)
@@ -153,7 +153,7 @@ class TreeRejection:
         probs = proposal.draft_probs
         if probs is not None and probs.shape[-1] < vocab_size:  # a draft table over the leading ids only
             probs = torch.nn.functional.pad(probs, (0, vocab_size - probs.shape[-1]))
-            return DraftTree(proposal.tokens, proposal.parents, probs)
+            return DraftTree(proposal.tokens, proposal.parents, probs, proposal.depth_limit)
         return proposal
 
 

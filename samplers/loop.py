@@ -8,6 +8,7 @@ synchronised to the batch minimum (that is biased). Plain decoding is the same l
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -128,10 +129,15 @@ def _validate(prompts: Sequence[torch.Tensor], max_new_tokens: int) -> list[torc
 
 
 def _cap_rows(proposal: Draft | DraftTree, room: list[int]) -> Draft | DraftTree:
-    """A chain row drafts no more than it can still commit minus one, so a sample's tokens do not depend on the
-    other rows of its batch (a drafted slot is decided differently from a bonus slot). Trees are left whole:
-    their output stays exact, only batch-invariance near the end of a row is not guaranteed."""
-    if isinstance(proposal, DraftTree) or proposal.length == 0:
+    """A row drafts no deeper than it can still commit minus one, so a sample's tokens do not depend on the other
+    rows of its batch (a drafted slot is decided differently from a bonus slot). A tree keeps its shape and gets a
+    per-row depth limit; a chain gets per-row drafted counts."""
+    if isinstance(proposal, DraftTree):
+        limit = torch.tensor(room).clamp(min=0)
+        if bool((proposal.depths.max(-1).values <= limit).all()):
+            return proposal
+        return dataclasses.replace(proposal, depth_limit=limit)
+    if proposal.length == 0:
         return proposal
     drafted = torch.minimum(proposal.drafted(), torch.tensor(room).clamp(min=0))
     width = int(drafted.max())  # no row drafts past this: do not score padding

@@ -91,6 +91,7 @@ class DraftTree:
     tokens: torch.Tensor  # [batch, nodes] int64
     parents: torch.Tensor  # [batch, nodes] int64; parents[:, 0] == -1
     draft_probs: torch.Tensor | None = None  # [batch, nodes, vocab]
+    depth_limit: torch.Tensor | None = None  # [batch]: nodes deeper than this are scored but never tested
 
     def __post_init__(self):
         if self.tokens.shape != self.parents.shape or self.tokens.dim() != 2:
@@ -146,6 +147,14 @@ class DraftTree:
             for node, parent in enumerate(row[1:], start=1):
                 result[b][parent].append(node)
         return result
+
+    @cached_property
+    def verified_parents(self) -> torch.Tensor:
+        """parents, with nodes past `depth_limit` detached (parent -2) so verification never reaches them."""
+        if self.depth_limit is None:
+            return self.parents
+        too_deep = self.depths > self.depth_limit[:, None]
+        return torch.where(too_deep, -2, self.parents)
 
     @cached_property
     def leaf_paths(self) -> torch.Tensor:

@@ -342,6 +342,21 @@ Greedy continuations (48 new tokens) of {" and ".join(f"`{p!r}`" for p in SAMPLE
 """
 
 
+def _kept_sections(path: Path, generated: str) -> str:
+    """The `## ` sections of an existing card that this generator does not write (notes added by hand, such as
+    measured acceptance), so that regenerating the card keeps them."""
+    if not path.exists():
+        return ""
+    ours = {line.split("(")[0].strip() for line in generated.splitlines() if line.startswith("## ")}
+    kept, keep = [], False
+    for line in path.read_text().splitlines(keepends=True):
+        if line.startswith("## "):
+            keep = line.split("(")[0].strip() not in ours
+        if keep:
+            kept.append(line)
+    return ("\n" + "".join(kept).rstrip("\n") + "\n") if kept else ""
+
+
 def finalize_card(export_dir=ASSETS_CODE) -> Path:
     """Write export_dir/README.md (the model card) and this folder's entries in ../MANIFEST.json from the
     exported files and their training.json; a "commit" already recorded for an unchanged file is kept."""
@@ -399,7 +414,7 @@ Trained here from scratch on Python standard library source, which is distribute
 Foundation License; the weights are released with specgen under Apache-2.0, with that provenance noted.
 `python -m specgen.modalities.text.train --finalize-card` regenerates this card and the manifest entries.
 """
-    (export_dir / "README.md").write_text(readme)
+    (export_dir / "README.md").write_text(readme + _kept_sections(export_dir / "README.md", readme))
 
     manifest_path = export_dir.parent / "MANIFEST.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"files": []}

@@ -61,6 +61,10 @@ def test_cli_finalize_card_writes_readme_and_manifest(tmp_path):
     paths = {e["path"] for e in manifest["files"]}
     assert {"code/tokenizer.json", "code/draft/model.safetensors", "code/README.md"} <= paths
     assert all(len(e["sha256"]) == 64 and e["commit"] for e in manifest["files"])
+    with open(export / "README.md", "a") as f:  # a section added by hand survives regeneration, once
+        f.write("\n## Acceptance (measured)\n\nalpha 0.7\n")
+    main(["--finalize-card", "--export-dir", str(export)])
+    assert (export / "README.md").read_text().count("## Acceptance (measured)\n\nalpha 0.7\n") == 1
 
 
 @pytest.mark.skipif(not (ASSETS_CODE / "tokenizer.json").exists(), reason="no shipped code tokenizer")

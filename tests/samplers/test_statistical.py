@@ -168,3 +168,18 @@ def test_a_drafter_with_bad_output_gets_a_clear_error():
     with pytest.raises(InvalidRequest, match="outside the target vocabulary"):
         generate(TableTarget(TARGET), OutOfVocabulary(), ChainRejection(), [torch.tensor([1])], processing=PLAIN,
                  max_new_tokens=4)
+
+
+def test_a_tree_sample_does_not_depend_on_its_batch():
+    """Near the end of a row, the tree gets a per-row depth limit, so sample i alone equals sample i in a batch."""
+    target = TableLM(5, order=2, seed=1)
+    draft = target.mixed_with(TableLM(5, order=2, seed=2), 0.5)
+    prompts = [torch.tensor([1, 2]), torch.tensor([3]), torch.tensor([0, 4, 1])]
+
+    def run(batch, ids, seed):
+        return generate(TableTarget(target), TableTreeDrafter(draft, PLAIN, (2, 2, 1)), TreeRejection(), batch,
+                        processing=PLAIN, max_new_tokens=7, seed=seed, sample_ids=ids).tokens
+
+    for seed in range(8):
+        together = run(prompts, [0, 1, 2], seed)
+        assert [run([p], [i], seed)[0] for i, p in enumerate(prompts)] == together
