@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specgen.app.jsonl import read_objects
 from specgen.errors import InvalidRequest, MissingExtra, ModelNotFound, SpecgenError
 from specgen.samplers import registry
 
@@ -144,18 +145,8 @@ def parse_request(item: object, line: int, default_text_method: str) -> Request:
 
 def load_requests(path: Path, default_text_method: str = "draft") -> list[Request]:
     """Every non-blank line parsed and validated; the first problem raises InvalidRequest naming its line."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"cannot read {path}: {exc}") from None
     requests, first_line = [], {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InvalidRequest(f"{path} line {number}: not valid JSON ({exc.msg})") from None
+    for number, item in read_objects(path):
         try:
             request = parse_request(item, number, default_text_method)
         except InvalidRequest as exc:

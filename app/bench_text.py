@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from specgen import __version__
+from specgen.app.jsonl import read_objects
 from specgen.errors import InvalidRequest
 from specgen.samplers.registry import get_method, method_names
 from specgen.samplers.stats import SpecStats
@@ -71,23 +72,9 @@ class Prompt:
 
 def load_prompts(path: Path) -> list[Prompt]:
     """JSON Lines of {"id", "category", "prompt"}; any problem is an InvalidRequest naming the line."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise InvalidRequest(f"prompts file {path} does not exist (give one with --prompts FILE)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"cannot read prompts file {path}: {exc}") from None
     prompts, seen = [], set()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    for number, item in read_objects(path, "prompts file"):
         where = f"{path} line {number}"
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InvalidRequest(f"{where}: not valid JSON ({exc.msg})") from None
-        if not isinstance(item, dict):
-            raise InvalidRequest(f"{where}: expected a JSON object")
         for key in ("id", "prompt"):
             if not isinstance(item.get(key), str) or not item[key].strip():
                 raise InvalidRequest(f"{where}: {key!r} must be a non-empty string")

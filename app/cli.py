@@ -268,19 +268,10 @@ def _check(args: argparse.Namespace) -> None:
 
 def _check_jsonl(path: Path) -> None:
     """Every non-blank line is a JSON object, so a bad file fails before any work, naming the line."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"cannot read {path}: {exc}") from None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InvalidRequest(f"{path} line {number}: not valid JSON ({exc.msg})") from None
-        if not isinstance(item, dict):
-            raise InvalidRequest(f"{path} line {number}: expected a JSON object")
+    from specgen.app.jsonl import read_objects
+
+    for _ in read_objects(path):
+        pass
 
 
 # ---- commands ----------------------------------------------------------------------------------------------------
