@@ -40,3 +40,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def serve(demo):
+    """Launch a Gradio app on a free local port for a module's tests; yields its URL and closes it after."""
+    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
+                            quiet=True, ssr_mode=False)
+    try:
+        yield url
+    finally:
+        demo.close()

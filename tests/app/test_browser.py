@@ -14,7 +14,7 @@ if not os.path.exists(CHROMIUM):
     pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 
-from tiny_models import free_port, save_tiny  # noqa: E402
+from tiny_models import save_tiny, serve  # noqa: E402
 from specgen.app.ui import build_demo  # noqa: E402
 from specgen.modalities.text.generator import TextGenerator  # noqa: E402
 
@@ -30,13 +30,7 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 def app_url(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     generator = TextGenerator(save_tiny(root / "target", 0), save_tiny(root / "draft", 1, layers=1, hidden=16))
-    demo = build_demo(generator)
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
-                            quiet=True, ssr_mode=False)
-    try:
-        yield url
-    finally:
-        demo.close()
+    yield from serve(build_demo(generator))
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from tiny_models import save_tiny, free_port
+from tiny_models import free_port, save_tiny, serve
 from specgen.app.ui import COLOR_MAP, IncrementalDetokenizer, build_demo
 from specgen.modalities.text.generator import TextGenerator
 
@@ -34,13 +34,7 @@ def generator(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def app(generator):
-    demo = build_demo(generator)
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True,
-                            quiet=True, ssr_mode=False)
-    try:
-        yield url
-    finally:
-        demo.close()
+    yield from serve(build_demo(generator))
 
 
 @pytest.fixture(scope="module")
