@@ -17,16 +17,17 @@ from specgen.samplers.types import Draft, DraftTree
 
 
 def target_joint(lm, processing, prompt, horizon) -> dict[tuple, float]:
-    """The target's exact joint distribution of the next `horizon` tokens."""
-    out: dict[tuple, float] = {}
-    for seq in itertools.product(range(lm.vocab_size), repeat=horizon):
-        prob, context = 1.0, list(prompt)
-        for token in seq:
-            prob *= float(processing(lm.logits(context))[token])
-            context.append(token)
-        if prob > 0:
-            out[seq] = prob
-    return out
+    """The target's exact joint distribution of the next `horizon` tokens; `lm` is anything with
+    `logits(context) -> [vocab]`. Each prefix is scored once and only prefixes of positive probability grow."""
+    joint: dict[tuple, float] = {(): 1.0}
+    for _ in range(horizon):
+        grown = {}
+        for prefix, prob in joint.items():
+            law = processing(lm.logits(list(prompt) + list(prefix)))
+            for token in (law > 0).nonzero().flatten().tolist():
+                grown[prefix + (token,)] = prob * float(law[token])
+        joint = grown
+    return joint
 
 
 def max_abs_diff(a: dict, b: dict) -> float:

@@ -11,6 +11,7 @@ from specgen.modalities.transformers_adapter import TransformersTarget
 from specgen.samplers.acceptance import ChainRejection, GreedyMatch
 from specgen.samplers.chisquare import goodness_of_fit
 from specgen.samplers.loop import generate
+from specgen.samplers.oracle import target_joint
 from specgen.samplers.policies import FixedLength
 from specgen.samplers.processing import Processing
 from specgen.samplers.types import DraftTree
@@ -133,17 +134,14 @@ def test_self_draft_accepts_everything():
     assert result.stats["accepted"] == result.stats["drafted"] > 0
 
 
-def _exact_joint(model, processing, prompt, horizon):
-    joint = {(): 1.0}
-    for _ in range(horizon):
-        grown = {}
-        for prefix, prob in joint.items():
-            law = processing(full_logits(model, list(prompt) + list(prefix))[-1])
-            for token in range(law.shape[-1]):
-                if law[token] > 0:
-                    grown[prefix + (token,)] = prob * float(law[token])
-        joint = grown
-    return joint
+class _ScoredByTransformers:
+    """`target_joint` scores any `logits(context)`; here a plain transformers forward."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def logits(self, context):
+        return full_logits(self.model, context)[-1]
 
 
 @pytest.mark.slow
@@ -153,7 +151,7 @@ def test_sampling_matches_the_target_on_a_random_model():
     processing = Processing(temperature=1.0)
     prompt = [1, 2]
     samples = 3000
-    expected = _exact_joint(target_model, processing, prompt, 3)
+    expected = target_joint(_ScoredByTransformers(target_model), processing, prompt, 3)
     for rule, drafter in ((ChainRejection(), ModelDrafter(draft_model, Processing(temperature=1.3))),
                           (ChainRejection(), None)):
         result = generate(TransformersTarget(target_model), drafter, rule, [torch.tensor(prompt)] * samples,
