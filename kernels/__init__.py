@@ -15,7 +15,8 @@ from importlib.util import find_spec
 from specgen.kernels import reference
 
 OPS = ("rejection_sample", "greedy_verify", "sample_categorical", "accept_probability", "residual_probs",
-       "ancestor_mask", "sibling_step", "tree_children", "tree_rejection_sample")
+       "ancestor_mask", "sibling_step", "tree_children", "tree_rejection_sample", "coupled_resample",
+       "gumbel_argmax")
 TRITON_OPS = ("rejection_sample", "greedy_verify", "ancestor_mask", "tree_rejection_sample")
 HAS_TRITON = find_spec("triton") is not None
 BACKENDS = ("auto", "torch", "triton")
@@ -72,4 +73,6 @@ ancestor_mask = _op("ancestor_mask")
 sibling_step = _op("sibling_step")
 tree_children = _op("tree_children")
 tree_rejection_sample = _op("tree_rejection_sample")
+coupled_resample = _op("coupled_resample")
+gumbel_argmax = _op("gumbel_argmax")
 PLACEHOLDER = reference.PLACEHOLDER

@@ -224,3 +224,32 @@ def tree_rejection_sample(
         done |= stopping
     width = int(depth.max()) + 1
     return path[:, :width], output[:, :width], depth, rejected
+
+
+def coupled_resample(
+    draft_tokens: torch.Tensor,  # [batch, k] int64: each slot's current draft
+    draft_probs: torch.Tensor,  # [batch, k, vocab]: the law each current draft was drawn from
+    target_probs: torch.Tensor,  # [batch, k, vocab]: this iteration's target law at each slot
+    keep_uniform: torch.Tensor,  # [batch, k] float64 in (0, 1)
+    draw_uniform: torch.Tensor,  # [batch, k] float64 in (0, 1)
+):
+    """Maximal coupling of consecutive Jacobi iterations (MC-SJD): every slot independently, with no break,
+    keeps its draft with probability min(1, target/draft) and otherwise draws from norm(relu(target - draft)).
+    The result is distributed as target_probs at every slot, and equals the old draft with the largest
+    possible probability, 1 - TV(target, draft).
+
+    Returns (tokens [batch, k] int64, kept [batch, k] bool)."""
+    tokens = draft_tokens.clamp(min=0)[..., None]
+    keep_prob = accept_probability(target_probs.gather(-1, tokens), draft_probs.gather(-1, tokens)).squeeze(-1)
+    kept = keep_uniform.double() < keep_prob
+    residual = (target_probs.double() - draft_probs.double()).clamp(min=0.0)
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, target_probs.double())  # p == q: any
+    drawn = sample_categorical(residual, draw_uniform)
+    return torch.where(kept, draft_tokens, drawn), kept
+
+
+def gumbel_argmax(target_probs: torch.Tensor, exponential: torch.Tensor) -> torch.Tensor:
+    """argmax_v target(v) / E_v (= argmax log target + Gumbel) per slot: a sample from target_probs that
+    reuses the same noise [..., vocab] at a position in every Jacobi iteration (the Gumbel coupling).
+    Zero-probability tokens are never chosen. Returns [...] int64."""
+    return (target_probs.double() / exponential.double()).argmax(-1)

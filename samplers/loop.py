@@ -88,6 +88,7 @@ def verify_step(target: TargetModel, rule: AcceptanceRule, proposal: Draft | Dra
     cond, uncond = scores if isinstance(scores, tuple) else (scores, None)
     target_probs = processing(cond, positions + 1, uncond)  # slot i is the law of the token at position i + 1
     verdict = rule(proposal, target_probs, AcceptanceNoise(*noise) if random else None)
+    verdict = dataclasses.replace(verdict, target_probs=target_probs)
     if isinstance(proposal, DraftTree):
         kept = proposal.kept_slots(verdict.accepted_path)
     else:

@@ -25,6 +25,10 @@ class Purpose(IntEnum):
     ACCEPT = 2  # accept/reject tests
     EMIT = 3  # recovered and bonus tokens (and plain decoding)
     DRAFT_GUMBEL = 4  # per-vocabulary noise for sampling without replacement
+    JACOBI_INIT = 5  # Jacobi drafts that fill an empty window slot
+    JACOBI_DRAFT = 6  # Jacobi re-drafts of uncommitted slots (and the coupling's residual draws)
+    JACOBI_COUPLE = 7  # the maximal coupling's keep-or-resample test
+    JACOBI_GUMBEL = 8  # per-vocabulary Gumbel noise shared by every iteration at one position
 
 
 def _mix32(x: np.ndarray) -> np.ndarray:

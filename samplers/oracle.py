@@ -164,3 +164,90 @@ def exact_output(lm, processing, rule, proposals, prompt, horizon) -> dict[tuple
         return memo[(prefix, need)]
 
     return dist(tuple(prompt), horizon)
+
+
+def jacobi_output(lm, processing, prompt, horizon, *, window: int, coupling: str, init_law=None, init="random",
+                  stored_law=None) -> dict[tuple, float]:
+    """Exact output distribution of Jacobi decoding (samplers.jacobi) with the independent or maximal coupling,
+    enumerated over the process's discrete states (committed prefix, uncommitted drafts with their laws).
+    stored_law(old_law, target_law, kept) -> the law a re-draft is stored with (default: the target law, as
+    the drafter does); negative controls pass a stale one. init_law: [vocab] law of random initial drafts."""
+    from specgen.kernels import reference
+
+    stored_law = stored_law or (lambda old, new, kept: new)
+    vocab = len(processing(lm.logits(list(prompt))))
+    init_law = torch.full((vocab,), 1.0 / vocab, dtype=torch.float64) if init_law is None else init_law.double()
+    memo: dict = {}
+
+    def law_at(context):
+        return processing(lm.logits(list(context))).double()
+
+    def fills(prefix, drafts, k):
+        """Every way to fill the window to k drafts: (probability, [(token, law)])."""
+        if len(drafts) >= k:
+            yield 1.0, list(drafts[:k])
+            return
+        if init == "left":
+            token = drafts[-1][0] if drafts else prefix[-1]
+            yield from fills(prefix, list(drafts) + [(token, torch.zeros(vocab, dtype=torch.float64).index_fill_(0, torch.tensor(token), 1.0))], k)
+            return
+        for token in (init_law > 0).nonzero().flatten().tolist():
+            for prob, full in fills(prefix, list(drafts) + [(token, init_law)], k):
+                yield float(init_law[token]) * prob, full
+
+    def redrafts(slot_laws, olds):
+        """Every joint re-draft of the kept slots: (probability, ((token, stored law), ...))."""
+        options = []
+        for target_law, old in zip(slot_laws, olds):
+            choices = []
+            if coupling == "maximal" and old is not None:
+                token, law = old
+                keep = float(reference.accept_probability(target_law[token], law[token]))
+                if keep > 0:
+                    choices.append((keep, token, stored_law(law, target_law, True)))
+                residual = reference.residual_probs(target_law, law)
+                for t in (residual > 0).nonzero().flatten().tolist():
+                    if keep < 1:
+                        choices.append(((1 - keep) * float(residual[t]), t, stored_law(law, target_law, False)))
+            else:
+                for t in (target_law > 0).nonzero().flatten().tolist():
+                    choices.append((float(target_law[t]), t, target_law))
+            options.append(choices)
+        for combo in itertools.product(*options):
+            prob = 1.0
+            for p, _, _ in combo:
+                prob *= p
+            yield prob, tuple((t, law) for _, t, law in combo)
+
+    def dist(prefix: tuple, drafts: tuple, need: int) -> dict[tuple, float]:
+        if need <= 0:
+            return {(): 1.0}
+        key = (prefix, tuple((t, law.numpy().tobytes()) for t, law in drafts), need)
+        if key in memo:
+            return memo[key]
+        out: dict[tuple, float] = defaultdict(float)
+        k = min(window - 1, need - 1)
+        for fill_prob, full in fills(prefix, drafts, k):
+            tokens = [t for t, _ in full]
+            target = [law_at(prefix + tuple(tokens[:m])) for m in range(k + 1)]  # slot m: law after m drafts
+            reach = fill_prob
+            for stop in range(k + 1):  # the first `stop` drafts accepted, then a token emitted at slot `stop`
+                if stop < k:
+                    accept = float(reference.accept_probability(target[stop][tokens[stop]], full[stop][1][tokens[stop]]))
+                    weight, emit_law = reach * (1 - accept), reference.residual_probs(target[stop], full[stop][1])
+                else:
+                    accept, weight, emit_law = 0.0, reach, target[k]
+                if weight > 0:
+                    kept_slots = range(stop + 1, k + 1)
+                    olds = [full[m] if m < k else None for m in kept_slots]
+                    for token in (emit_law > 0).nonzero().flatten().tolist():
+                        committed = (tuple(tokens[:stop]) + (token,))[:need]
+                        for draft_prob, next_drafts in redrafts([target[m] for m in kept_slots], olds):
+                            w = weight * float(emit_law[token]) * draft_prob
+                            for tail, tail_prob in dist(prefix + committed, next_drafts, need - len(committed)).items():
+                                out[committed + tail] += w * tail_prob
+                reach *= accept
+        memo[key] = dict(out)
+        return memo[key]
+
+    return dist(tuple(prompt), (), horizon)

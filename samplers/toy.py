@@ -168,3 +168,18 @@ class TableTreeDrafter:
 
     def observe(self, verdict: Verdict) -> None:
         pass
+
+
+class GuidedTableLM:
+    """Classifier-free guidance over a TableLM, for the oracle: logits(context) = uncond + s * (cond - uncond),
+    where the unconditioned context swaps the prompt for its unconditioned twin (as `GuidedTarget` does)."""
+
+    def __init__(self, lm: TableLM, prompt, uncond_prompt, scale: float):
+        self.lm, self.prompt, self.uncond_prompt, self.scale = lm, list(prompt), list(uncond_prompt), scale
+        self.vocab_size = lm.vocab_size
+
+    def logits(self, context) -> torch.Tensor:
+        context = list(context)
+        generated = context[len(self.prompt):]
+        cond, uncond = self.lm.logits(context), self.lm.logits(self.uncond_prompt + generated)
+        return uncond + self.scale * (cond - uncond)

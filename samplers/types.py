@@ -213,9 +213,9 @@ class Verdict:
     source: torch.Tensor  # [batch, k + 1] TokenSource values, -1 padded
     num_drafted: torch.Tensor  # [batch] drafted tokens (chain) or drafted depth reachable (tree)
     accepted_path: torch.Tensor | None = None  # [batch, depth + 1] tree node ids from the root, -1 padded
-    # Uncommitted slot tokens and the law each was drawn from (Jacobi-style re-drafting reuses them).
-    slot_tokens: torch.Tensor | None = None
-    slot_probs: torch.Tensor | None = None
+    # [batch, n, vocab] the processed target law at every scored slot (set by `verify_step`): Jacobi drafters
+    # re-draft their uncommitted slots from it and store it as those drafts' law.
+    target_probs: torch.Tensor | None = None
 
     @property
     def num_committed(self) -> torch.Tensor:

@@ -1,0 +1,133 @@
+"""Speculative Jacobi decoding (SJD, Teng et al. 2024) and its coupled variants (MC-SJD, So et al. 2025) as one
+Drafter on the shared loop: the target drafts for itself, so no draft model is needed.
+
+Each step scores [pending, d_1 .. d_k] in one forward pass and the chain rule verifies the window exactly as it
+verifies a draft model's chain (accept d_i w.p. min(1, target/draft), recover at the first rejection). Then
+every uncommitted slot gets a new draft from *this* step's target law at that slot, and that law is stored as
+the new draft's law. Storing the old law instead is the quiet failure mode (biased; a test shows it). How the
+new draft relates to the old one is the coupling:
+
+  independent (SJD)   a fresh sample; on flat (visual) distributions the window rarely settles
+  maximal (MC-SJD)    keep the old draft w.p. min(1, target/old law), else draw the residual: the verification's
+                      modified rejection sampling run over the whole window without a break
+  gumbel (GS-SJD)     argmax(log target + g) with Gumbel noise g fixed per absolute position
+
+Every coupling keeps each new draft distributed as the current target law, which is all exactness needs.
+Empty slots (the window's new tail) are filled by `init`: "random" (uniform over the allowed tokens, law
+uniform) or "left" (a copy of the previous token, law one-hot). Rows are ragged and never synchronised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specgen import kernels
+from specgen.errors import InvalidRequest
+from specgen.samplers.noise import Purpose, counter_exponential, counter_uniform
+from specgen.samplers.types import DecodeContext, Draft, Verdict
+
+COUPLINGS = ("independent", "maximal", "gumbel")
+INITS = ("random", "left")
+
+
+@dataclass(frozen=True)
+class _Window:
+    """One row's uncommitted drafts: token i sits at absolute position `position + i` and was drawn from
+    `laws[i]`."""
+
+    position: int
+    tokens: torch.Tensor  # [m] int64
+    laws: torch.Tensor  # [m, vocab]
+
+
+class JacobiDrafter:
+    """Drafts the next window from the target's own previous step (see the module docstring).
+
+    `allowed` ([vocab] bool) limits random initialisation, e.g. to image codes. The noise of every draw is keyed
+    by (seed, sample, absolute position, purpose) and, except for the Gumbel noise, by the step's start position,
+    so draws at one position in different steps are independent."""
+
+    def __init__(self, vocab_size: int, coupling: str = "maximal", init: str = "random",
+                 allowed: torch.Tensor | None = None):
+        if coupling not in COUPLINGS:
+            raise InvalidRequest(f"unknown Jacobi coupling {coupling!r}; choose from: {', '.join(COUPLINGS)}")
+        if init not in INITS:
+            raise InvalidRequest(f"unknown Jacobi initialisation {init!r}; choose from: {', '.join(INITS)}")
+        allowed = torch.ones(vocab_size, dtype=torch.bool) if allowed is None else allowed.bool()
+        if allowed.shape != (vocab_size,) or not bool(allowed.any()):
+            raise InvalidRequest("allowed must be a [vocab] mask with at least one allowed token")
+        self.vocab_size, self.coupling, self.init = vocab_size, coupling, init
+        self.init_law = allowed.double() / allowed.sum()  # [vocab]
+        self.windows: dict[int, _Window] = {}  # batch row -> its uncommitted drafts
+        self.changed: list[int] = []  # per step: kept drafts whose token changed (how unsettled the window is)
+        self._last: tuple | None = None
+
+    def propose(self, ctx: DecodeContext, budget: int) -> Draft:
+        rows, starts = ctx.rows.tolist(), ctx.next_positions
+        tokens = torch.zeros(len(rows), budget, dtype=torch.long)
+        laws = torch.zeros(len(rows), budget, self.vocab_size, dtype=torch.float64)
+        filled = torch.zeros(len(rows), dtype=torch.long)
+        for i, row in enumerate(rows):
+            window = self.windows.get(row)
+            if window is not None and window.position == int(starts[i]):  # else stale: start afresh
+                m = min(budget, len(window.tokens))
+                tokens[i, :m], laws[i, :m], filled[i] = window.tokens[:m], window.laws[:m].double(), m
+        previous = torch.tensor([int(t[-1]) for t in ctx.tokens])
+        for slot in range(budget):  # empty slots: one vectorised fill per slot ("left" reads the slot before)
+            empty = filled <= slot
+            if bool(empty.any()):
+                token, law = self._initial(ctx, starts, slot, previous)
+                tokens[:, slot] = torch.where(empty, token, tokens[:, slot])
+                laws[:, slot] = torch.where(empty[:, None], law, laws[:, slot])
+            previous = tokens[:, slot]
+        self._last = (rows, starts, ctx.sample_ids, ctx.seed, tokens, laws)
+        return Draft(tokens, laws)
+
+    def _initial(self, ctx: DecodeContext, starts, slot, previous):
+        if self.init == "left":
+            return previous, torch.zeros(len(previous), self.vocab_size, dtype=torch.float64).scatter_(
+                -1, previous[:, None], 1.0)
+        uniform = counter_uniform(ctx.seed, ctx.sample_ids, starts + slot, Purpose.JACOBI_INIT, starts)
+        law = self.init_law.expand(len(previous), -1)
+        return kernels.sample_categorical(law, uniform), law
+
+    def observe(self, verdict: Verdict) -> None:
+        if verdict.target_probs is None:
+            raise InvalidRequest("Jacobi decoding needs the verdict's target_probs (set by verify_step)")
+        if self._last is None:  # nothing was drafted this step (the end of every row is one token away)
+            return
+        (rows, starts, sample_ids, seed, tokens, laws), self._last = self._last, None
+        target_probs = verdict.target_probs.double()  # [rows, k + 1, vocab]
+        k = target_probs.shape[1] - 1
+        tokens, laws = tokens[:, :k], laws[:, :k]  # the loop may have shortened the window
+        positions = starts[:, None] + torch.arange(k + 1)  # [rows, k + 1] absolute position of each slot
+        drafted, accepted = verdict.num_drafted, verdict.num_accepted
+        redrafts = self._redraft(target_probs, tokens, laws, drafted, positions, sample_ids, seed, starts)
+        changed = 0
+        for i, row in enumerate(rows):
+            first, last = int(accepted[i]) + 1, int(drafted[i])  # keep slots after the committed ones
+            if first > last:  # every draft accepted: the bonus token closed the window
+                self.windows.pop(row, None)
+                continue
+            self.windows[row] = _Window(int(positions[i, first]), redrafts[i, first:last + 1].clone(),
+                                        target_probs[i, first:last + 1].clone())
+            changed += int((redrafts[i, first:last] != tokens[i, first:last]).sum())
+        self.changed.append(changed)
+
+    def _redraft(self, target_probs, tokens, laws, drafted, positions, sample_ids, seed, starts) -> torch.Tensor:
+        """[rows, k + 1] a new draft for every slot, distributed as target_probs there."""
+        if self.coupling == "gumbel":
+            vocab = torch.arange(self.vocab_size)
+            exponential = counter_exponential(seed, sample_ids[:, None, None], positions[..., None],
+                                              Purpose.JACOBI_GUMBEL, vocab)  # [rows, k + 1, vocab]
+            return kernels.gumbel_argmax(target_probs, exponential)
+        draw = counter_uniform(seed, sample_ids[:, None], positions, Purpose.JACOBI_DRAFT, starts[:, None])
+        fresh = kernels.sample_categorical(target_probs, draw)  # [rows, k + 1]
+        if self.coupling == "independent" or tokens.shape[1] == 0:
+            return fresh
+        keep = counter_uniform(seed, sample_ids[:, None], positions[:, :-1], Purpose.JACOBI_COUPLE, starts[:, None])
+        coupled, _ = kernels.coupled_resample(tokens, laws, target_probs[:, :-1], keep, draw[:, :-1])
+        had_draft = torch.arange(tokens.shape[1]) < drafted[:, None]
+        return torch.cat([torch.where(had_draft, coupled, fresh[:, :-1]), fresh[:, -1:]], 1)
