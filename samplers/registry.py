@@ -130,5 +130,25 @@ register(MethodSpec("ngram", "text", True,
                     knobs=(NUM_DRAFT_TOKENS, NGRAM_SIZE, LENGTH_SCHEDULE)))
 
 
+# ---- image ------------------------------------------------------------------------------------
+WINDOW = Knob("window", int, 32, "Jacobi window L: tokens scored per step (the pending token and L-1 drafts)", 2, 256)
+JACOBI_INIT = Knob("init", str, "random", "how empty window slots are drafted: 'random' (uniform over image codes) "
+                   "or 'left' (copy the previous token)")
+register(MethodSpec("ar", "image", True, "plain autoregressive decoding of the visual token model (the baseline)",
+                    drafter=None, rule="none"))
+register(MethodSpec("sjd", "image", True,
+                    "speculative Jacobi decoding: the model drafts its own window; uncommitted slots are re-drafted "
+                    "independently from this step's law", drafter="jacobi-independent", rule="chain",
+                    paper="Teng et al. 2024", knobs=(Knob("window", int, 16, WINDOW.help, 2, 256), JACOBI_INIT)))
+register(MethodSpec("mc-sjd", "image", True,
+                    "Jacobi decoding with maximal coupling: uncommitted slots keep their draft with probability "
+                    "min(1, new law / old law), so the window settles", drafter="jacobi-maximal", rule="chain",
+                    paper="So et al. 2025 (MC-SJD / speculative coupled decoding)", knobs=(WINDOW, JACOBI_INIT)))
+register(MethodSpec("gumbel-sjd", "image", True,
+                    "Jacobi decoding with Gumbel coupling: every step re-drafts with the same Gumbel noise per position",
+                    drafter="jacobi-gumbel", rule="chain",
+                    paper="So et al. 2025 (MC-SJD / speculative coupled decoding)", knobs=(WINDOW, JACOBI_INIT)))
+
+
 if __name__ == "__main__":
     print(render_methods_markdown())

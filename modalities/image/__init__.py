@@ -1,1 +1,12 @@
-"""Image and video tokens: VQ tokenizers, visual AR models, SJD/MC-SJD, LANTERN++."""
+"""Image and video tokens: the VQ tokenizer (`vq`), the conditioned token models (`models`, `conditions`), their
+training data and trainer (`data`, `train`) and `ImageGenerator` (`generator`). The decoding algorithms are
+modality-agnostic and live in the core: Jacobi decoding (SJD, MC-SJD, Gumbel coupling) in
+`specgen.samplers.jacobi`, classifier-free guidance batching in `specgen.samplers.guided`."""
+
+
+def __getattr__(name: str):
+    if name == "ImageGenerator":  # loaded on first use: importing the package stays cheap
+        from specgen.modalities.image.generator import ImageGenerator
+
+        return ImageGenerator
+    raise AttributeError(f"module 'specgen.modalities.image' has no attribute {name!r}")

@@ -1,0 +1,145 @@
+"""`ImageGenerator`: conditioned image-token generation, plain or by Jacobi decoding, and VQ decoding to pixels.
+
+A request is a short prompt ("red K on blue", "digit 3", "photo of coffee"; a class name is a prompt too). The
+target scores its conditioned and unconditioned rows in one batched forward (`GuidedTarget`), and one
+`Processing` applies guidance, the image-codes-only constraint, temperature and top-k to every slot of every
+window, for plain decoding and verification alike. Methods come from the registry: `ar`, `sjd`, `mc-sjd`,
+`gumbel-sjd` (all exact). Without arguments it loads the models shipped in `assets/image/`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from specgen.errors import InvalidRequest
+from specgen.modalities.image import vq as vq_codec
+from specgen.modalities.image.models import default_paths, load_image_lm, load_image_vocab
+from specgen.modalities.transformers_adapter import TransformersTarget
+from specgen.samplers.acceptance import make_rule
+from specgen.samplers.guided import GuidedTarget
+from specgen.samplers.jacobi import JacobiDrafter
+from specgen.samplers.loop import speculative_generate
+from specgen.samplers.policies import FixedLength
+from specgen.samplers.processing import Processing
+from specgen.samplers.registry import get_method
+from specgen.samplers.stats import SpecStats
+from specgen.samplers.types import StepEvent
+
+
+@dataclass(frozen=True)
+class CodesOnly:
+    """Position constraint: every generated slot is an image code (ids below num_codes)."""
+
+    num_codes: int
+
+    def __call__(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return logits.index_fill(-1, torch.arange(self.num_codes, logits.shape[-1]), float("-inf"))
+
+
+@dataclass(frozen=True)
+class ImageResult:
+    image: object  # PIL.Image of the first sample
+    images: list  # one PIL.Image per sample
+    tokens: list[list[int]]  # image codes per sample, raster order
+    stats: dict
+
+
+class ImageGenerator:
+    def __init__(self, model: str | Path | None = None, vq: str | Path | None = None, *, threads: int | None = 1,
+                 dtype: torch.dtype = torch.float32):
+        if threads:
+            torch.set_num_threads(threads)
+        paths = default_paths()
+        self.model_path, self.vq_path = Path(model or paths["target"]), Path(vq or paths["vq"])
+        self.model = load_image_lm(self.model_path, dtype)
+        self.vocab = load_image_vocab(self.model_path)
+        self._vq = None
+        self.last_drafter: JacobiDrafter | None = None
+
+    @property
+    def vq(self):
+        if self._vq is None:
+            self._vq = vq_codec.load_vq(self.vq_path)
+        return self._vq
+
+    def processing(self, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                   guidance_scale: float = 3.0) -> Processing:
+        if not guidance_scale >= 0:
+            raise InvalidRequest(f"guidance_scale must be >= 0, got {guidance_scale}")
+        guidance = None if guidance_scale == 1.0 else guidance_scale  # 1 = conditioned logits only: no second row
+        return Processing(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance,
+                          hooks=(CodesOnly(self.vocab.num_codes),))
+
+    def stream(self, prompt: str, *, method: str = "mc-sjd", temperature: float = 1.0, top_k: int = 0,
+               top_p: float = 1.0, guidance_scale: float = 3.0, seed: int = 0, num_samples: int = 1,
+               stats: SpecStats | None = None, **params) -> Iterator[StepEvent]:
+        spec = get_method("image", method)
+        knobs = spec.resolve_knobs(params)
+        if num_samples < 1:
+            raise InvalidRequest(f"num_samples must be >= 1, got {num_samples}")
+        processing = self.processing(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
+        prompt_ids = self.vocab.prompt_ids(prompt)
+        target = TransformersTarget(self.model)
+        if processing.guidance_scale is not None:
+            target = GuidedTarget(target, lambda _: self.vocab.uncond_ids())
+        drafter, policy = None, FixedLength(0)
+        if spec.drafter is not None:
+            allowed = torch.arange(self.vocab.vocab_size) < self.vocab.num_codes
+            drafter = JacobiDrafter(self.vocab.vocab_size, spec.drafter.removeprefix("jacobi-"), knobs["init"], allowed)
+            policy = FixedLength(knobs["window"] - 1)
+        self.last_drafter = drafter
+        yield from speculative_generate(target, drafter, make_rule(spec.rule, processing), [prompt_ids] * num_samples,
+                                        processing=processing, max_new_tokens=self.vocab.image_tokens, policy=policy,
+                                        seed=seed, stats=stats)
+
+    def generate(self, prompt: str, *, method: str = "mc-sjd", ar_step_s: float | None = None,
+                 **options) -> ImageResult:
+        stats = SpecStats()
+        num_samples = options.get("num_samples", 1)
+        tokens: list[list[int]] = [[] for _ in range(num_samples)]
+        started = time.perf_counter()
+        for event in self.stream(prompt, method=method, stats=stats, **options):
+            tokens[event.row].extend(event.tokens)
+        wall_s = time.perf_counter() - started
+        summary = stats.summary(method=method, lossless=get_method("image", method).lossless, wall_s=wall_s,
+                                ar_step_s=ar_step_s)
+        if self.last_drafter is not None:
+            changed = self.last_drafter.changed
+            summary["changed_per_step"] = sum(changed) / len(changed) if changed else 0.0
+        images = self.decode(tokens)
+        return ImageResult(images[0], images, tokens, summary)
+
+    def decode(self, tokens: list[list[int]]) -> list:
+        """Image codes per sample (raster order, grid * grid each) -> PIL images."""
+        from PIL import Image
+
+        grid = self.vocab.grid
+        if any(len(t) != grid * grid for t in tokens):
+            raise InvalidRequest(f"each image needs {grid * grid} codes")
+        pixels = vq_codec.decode(self.vq, torch.tensor(tokens).reshape(len(tokens), grid, grid))
+        return [Image.fromarray(p) for p in pixels]
+
+    def measure_step_s(self, prompt: str, guidance_scale: float = 3.0, repeats: int = 3) -> float:
+        """Median time of one plain decoding step after the prompt (with the guidance row if any): T_ar."""
+        return self.measure_window_s(prompt, 1, guidance_scale=guidance_scale, repeats=repeats)
+
+    def measure_window_s(self, prompt: str, window: int, *, guidance_scale: float = 3.0, repeats: int = 3) -> float:
+        """Median time of one target forward over `window` slots (pending + window-1 drafts): T_window(L)."""
+        target = TransformersTarget(self.model)
+        if guidance_scale != 1.0:
+            target = GuidedTarget(target, lambda _: self.vocab.uncond_ids())
+        ids = self.vocab.prompt_ids(prompt)
+        tokens = torch.cat([ids[-1:], torch.zeros(window - 1, dtype=torch.long)])[None]
+        positions = (len(ids) - 1 + torch.arange(window))[None]
+        times = []
+        for _ in range(repeats):
+            target.prefill([ids])
+            started = time.perf_counter()
+            target.score(tokens, positions, torch.tensor([0]))
+            times.append(time.perf_counter() - started)
+        return sorted(times)[len(times) // 2]

@@ -1,0 +1,94 @@
+"""ImageGenerator on tiny random models: Jacobi decoding equals plain greedy decoding token for token, sampling
+matches the exact guided target (chi-square), and bad requests get clear errors."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specgen.errors import InvalidRequest
+from specgen.modalities.image.conditions import ImageVocab
+from specgen.modalities.image.generator import CodesOnly, ImageGenerator
+from specgen.modalities.image.vq import build_vq, save_vq
+from specgen.samplers.chisquare import goodness_of_fit
+from specgen.samplers.oracle import target_joint
+from specgen.samplers.processing import Processing
+
+
+def save_tiny_image_model(root, *, num_codes, grid, seed=0):
+    vocab = ImageVocab(num_codes=num_codes, words=("red", "blue", "on", "K", "digit", "3"), prefix_length=4, grid=grid)
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         initializer_range=0.3, bos_token_id=vocab.bos, eos_token_id=None)
+    LlamaForCausalLM(config).save_pretrained(root / "target")
+    vocab.save(root / "target" / "vocab.json")
+    vq = build_vq(block_out_channels=(8, 8, 8), norm_num_groups=8, latent_channels=4, vq_embed_dim=4,
+                  num_vq_embeddings=num_codes, sample_size=4 * grid)
+    save_vq(vq, root / "vq")
+    return root / "target", root / "vq"
+
+
+@pytest.fixture(scope="module")
+def grid4(tmp_path_factory):
+    return save_tiny_image_model(tmp_path_factory.mktemp("image4"), num_codes=16, grid=4)
+
+
+@pytest.fixture(scope="module")
+def grid2(tmp_path_factory):
+    return save_tiny_image_model(tmp_path_factory.mktemp("image2"), num_codes=4, grid=2, seed=3)
+
+
+@pytest.mark.parametrize("method", ["sjd", "mc-sjd", "gumbel-sjd"])
+def test_greedy_jacobi_equals_greedy_decoding(grid4, method):
+    model, vq = grid4
+    generator = ImageGenerator(model, vq)
+    plain = generator.generate("red K on blue", method="ar", temperature=0, num_samples=2)
+    jacobi = generator.generate("red K on blue", method=method, temperature=0, num_samples=2, window=6)
+    assert jacobi.tokens == plain.tokens
+    assert all(len(t) == 16 and max(t) < 16 for t in jacobi.tokens)
+    assert jacobi.stats["steps"] <= plain.stats["steps"] and jacobi.image.size == (16, 16)
+
+
+class GuidedTransformers:
+    """The guided logits of a transformers model, as `target_joint` wants them (float64 forward passes)."""
+
+    def __init__(self, model, vocab, prompt, scale):
+        self.model, self.vocab, self.scale = model, vocab, scale
+        self.prompt, self.uncond = vocab.prompt_ids(prompt).tolist(), vocab.uncond_ids().tolist()
+
+    def forward(self, ids):
+        with torch.no_grad():
+            return self.model(input_ids=torch.tensor([ids])).logits[0, -1].double()
+
+    def logits(self, context):
+        generated = list(context)[len(self.prompt):]
+        cond, uncond = self.forward(list(context)), self.forward(self.uncond + generated)
+        return uncond + self.scale * (cond - uncond)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["ar", "sjd", "mc-sjd", "gumbel-sjd"])
+def test_sampling_matches_the_guided_target(grid2, method):
+    model, vq = grid2
+    generator = ImageGenerator(model, vq, dtype=torch.float64)
+    prompt, scale = "blue 3", 2.0
+    oracle = GuidedTransformers(generator.model, generator.vocab, prompt, scale)
+    expected = target_joint(oracle, Processing(top_k=3, hooks=(CodesOnly(4),)), oracle.prompt, 4)
+    result = generator.generate(prompt, method=method, top_k=3, guidance_scale=scale, num_samples=3000, seed=5,
+                                **({} if method == "ar" else {"window": 4}))
+    fit = goodness_of_fit([tuple(t) for t in result.tokens], expected)
+    assert fit.p_value > 1e-4, fit
+    assert method == "ar" or result.stats["tau"] > 1.1
+
+
+def test_bad_requests_get_clear_errors(grid4):
+    model, vq = grid4
+    generator = ImageGenerator(model, vq)
+    with pytest.raises(InvalidRequest, match="unknown word"):
+        generator.generate("purple Q", method="ar")
+    with pytest.raises(InvalidRequest, match="unknown image method"):
+        generator.generate("red K", method="lantern")
+    with pytest.raises(InvalidRequest, match="window"):
+        generator.generate("red K", method="mc-sjd", window=1)
+    with pytest.raises(InvalidRequest, match="initialisation"):
+        generator.generate("red K", method="mc-sjd", init="zeros")
