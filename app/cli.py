@@ -172,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     kinds = generate.add_subparsers(dest="modality", metavar="MODALITY", required=True)
     for modality in registry.MODALITIES:
         p = command(kinds, modality, f"generate {modality}", f"generate {modality}",
-                    handler=_generate_text if modality == "text" else None)
+                    handler={"text": _generate_text, "image": _generate_image}.get(modality))
         if modality == "speech":
             p.add_argument("--text", required=True, type=_non_empty, help="the text to speak")
         elif modality == "text":
@@ -195,7 +195,21 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--num-samples", type=_int_at_least(1), default=1, metavar="N",
                            help="independent samples, batched internally (default: 1)")
             p.add_argument("--trace", type=_output_path(), metavar="FILE", help="write the step events as JSON Lines")
-        else:
+        elif modality == "image":
+            p.add_argument("--model", help="image token model folder (default: the shipped assets/image/target)")
+            p.add_argument("--vq", help="VQ tokenizer folder (default: the shipped assets/image/vq)")
+            p.add_argument("--temperature", type=_temperature, default=1.0, metavar="T",
+                           help="0 means greedy (default: 1.0)")
+            p.add_argument("--top-k", type=_int_at_least(0), default=None, metavar="K",
+                           help="keep the K most likely codes, 0 = all (default: the model's recipe)")
+            p.add_argument("--guidance", type=_finite_float, default=None, metavar="S",
+                           help="classifier-free guidance scale, 1 = off (default: the model's recipe)")
+            p.add_argument("--window", type=_int_at_least(2, 256), metavar="L",
+                           help="Jacobi window: tokens scored per step (default: the method's)")
+            p.add_argument("--init", choices=("random", "left"), help="how empty window slots are drafted")
+            p.add_argument("--num-samples", type=_int_at_least(1), default=1, metavar="N",
+                           help="independent samples, batched; saved as one grid (default: 1)")
+        if modality != "text":
             suffix = {"image": ".png", "video": ".gif", "speech": ".wav"}[modality]
             p.add_argument("--out", required=True, type=_output_path(suffix), metavar=f"FILE{suffix}")
         p.add_argument("--seed", type=_int_at_least(0, MAX_SEED), default=0, help="default: 0")
@@ -236,10 +250,13 @@ def build_parser() -> argparse.ArgumentParser:
     kinds = train.add_subparsers(dest="what", metavar="WHAT", required=True)
     for what in ("text", "draft", "image", "speech"):
         p = command(kinds, what, f"train the {what} model", f"train {what}",
-                    handler=_train_text if what in ("text", "draft") else None)
+                    handler={"text": _train_text, "draft": _train_text, "image": _train_image}.get(what))
         p.add_argument("--out", type=Path, metavar="DIR", help="checkpoint folder (resumed when it holds one)")
         p.add_argument("--steps", type=_int_at_least(1), metavar="N", help="optimiser steps (default: the recipe's)")
         p.add_argument("--seed", type=_int_at_least(0, MAX_SEED), default=0, help="default: 0")
+        if what == "image":
+            p.add_argument("--role", choices=("vq", "target", "draft"), default="target",
+                           help="the VQ tokenizer, the token model or its draft (default: target)")
         if what in ("text", "draft"):
             p.add_argument("--max-files", type=_int_at_least(1), metavar="N",
                            help="train on the first N corpus files only (quick checks)")
@@ -293,6 +310,18 @@ def _train_text(args: argparse.Namespace) -> int:
     print(json.dumps({k: summary.get(k) for k in ("role", "params", "steps", "tokens_seen", "final_train_loss",
                                                   "final_val_loss", "wall_s")}))
     return 0
+
+
+def _generate_image(args: argparse.Namespace) -> int:
+    from specgen.app.image_commands import generate_image
+
+    return generate_image(args)
+
+
+def _train_image(args: argparse.Namespace) -> int:
+    from specgen.app.image_commands import train_image
+
+    return train_image(args)
 
 
 def _generate_text(args: argparse.Namespace) -> int:

@@ -31,6 +31,12 @@ from specgen.samplers.stats import SpecStats
 from specgen.samplers.types import StepEvent
 
 
+# Sampling defaults for the shipped models: top-k trims the long flat tail a small model leaves over the codebook,
+# guidance sharpens the condition (LlamaGen/SJD scripts use top-k ~6 % of the codebook and guidance 3-7.5).
+DEFAULT_TOP_K = 50
+DEFAULT_GUIDANCE = 3.0
+
+
 @dataclass(frozen=True)
 class CodesOnly:
     """Position constraint: every generated slot is an image code (ids below num_codes)."""
@@ -67,16 +73,18 @@ class ImageGenerator:
             self._vq = vq_codec.load_vq(self.vq_path)
         return self._vq
 
-    def processing(self, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                   guidance_scale: float = 3.0) -> Processing:
+    def processing(self, *, temperature: float = 1.0, top_k: int | None = None, top_p: float = 1.0,
+                   guidance_scale: float | None = None) -> Processing:
+        top_k = DEFAULT_TOP_K if top_k is None else top_k
+        guidance_scale = DEFAULT_GUIDANCE if guidance_scale is None else guidance_scale
         if not guidance_scale >= 0:
             raise InvalidRequest(f"guidance_scale must be >= 0, got {guidance_scale}")
         guidance = None if guidance_scale == 1.0 else guidance_scale  # 1 = conditioned logits only: no second row
         return Processing(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance,
                           hooks=(CodesOnly(self.vocab.num_codes),))
 
-    def stream(self, prompt: str, *, method: str = "mc-sjd", temperature: float = 1.0, top_k: int = 0,
-               top_p: float = 1.0, guidance_scale: float = 3.0, seed: int = 0, num_samples: int = 1,
+    def stream(self, prompt: str, *, method: str = "mc-sjd", temperature: float = 1.0, top_k: int | None = None,
+               top_p: float = 1.0, guidance_scale: float | None = None, seed: int = 0, num_samples: int = 1,
                stats: SpecStats | None = None, **params) -> Iterator[StepEvent]:
         spec = get_method("image", method)
         knobs = spec.resolve_knobs(params)
@@ -124,14 +132,15 @@ class ImageGenerator:
         pixels = vq_codec.decode(self.vq, torch.tensor(tokens).reshape(len(tokens), grid, grid))
         return [Image.fromarray(p) for p in pixels]
 
-    def measure_step_s(self, prompt: str, guidance_scale: float = 3.0, repeats: int = 3) -> float:
+    def measure_step_s(self, prompt: str, guidance_scale: float | None = None, repeats: int = 3) -> float:
         """Median time of one plain decoding step after the prompt (with the guidance row if any): T_ar."""
         return self.measure_window_s(prompt, 1, guidance_scale=guidance_scale, repeats=repeats)
 
-    def measure_window_s(self, prompt: str, window: int, *, guidance_scale: float = 3.0, repeats: int = 3) -> float:
+    def measure_window_s(self, prompt: str, window: int, *, guidance_scale: float | None = None,
+                         repeats: int = 3) -> float:
         """Median time of one target forward over `window` slots (pending + window-1 drafts): T_window(L)."""
         target = TransformersTarget(self.model)
-        if guidance_scale != 1.0:
+        if self.processing(guidance_scale=guidance_scale).guidance_scale is not None:
             target = GuidedTarget(target, lambda _: self.vocab.uncond_ids())
         ids = self.vocab.prompt_ids(prompt)
         tokens = torch.cat([ids[-1:], torch.zeros(window - 1, dtype=torch.long)])[None]

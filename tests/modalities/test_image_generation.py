@@ -3,29 +3,13 @@ matches the exact guided target (chi-square), and bad requests get clear errors.
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny_models import save_tiny_image_model
 
 from specgen.errors import InvalidRequest
-from specgen.modalities.image.conditions import ImageVocab
 from specgen.modalities.image.generator import CodesOnly, ImageGenerator
-from specgen.modalities.image.vq import build_vq, save_vq
 from specgen.samplers.chisquare import goodness_of_fit
 from specgen.samplers.oracle import target_joint
 from specgen.samplers.processing import Processing
-
-
-def save_tiny_image_model(root, *, num_codes, grid, seed=0):
-    vocab = ImageVocab(num_codes=num_codes, words=("red", "blue", "on", "K", "digit", "3"), prefix_length=4, grid=grid)
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         initializer_range=0.3, bos_token_id=vocab.bos, eos_token_id=None)
-    LlamaForCausalLM(config).save_pretrained(root / "target")
-    vocab.save(root / "target" / "vocab.json")
-    vq = build_vq(block_out_channels=(8, 8, 8), norm_num_groups=8, latent_channels=4, vq_embed_dim=4,
-                  num_vq_embeddings=num_codes, sample_size=4 * grid)
-    save_vq(vq, root / "vq")
-    return root / "target", root / "vq"
 
 
 @pytest.fixture(scope="module")
