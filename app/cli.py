@@ -220,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     kinds = bench.add_subparsers(dest="modality", metavar="MODALITY", required=True)
     for modality in registry.MODALITIES:
         p = command(kinds, modality, f"benchmark {modality} methods", f"bench {modality}",
-                    handler=_bench_text if modality == "text" else None)
+                    handler={"text": _bench_text, "image": _bench_image}.get(modality))
         p.add_argument("--methods", type=_method_list(modality), metavar="A,B,C",
                        help="default: all" + (" (ar always runs: it is the baseline)" if modality == "text" else ""))
         p.add_argument("--prompts", type=_existing_file, metavar="FILE",
@@ -232,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
         if modality == "text":
             p.add_argument("--model", help="target: a Hugging Face causal LM path or id available offline")
             p.add_argument("--draft", help="draft model path or id (draft and hf-assisted)")
+        if modality in ("text", "image"):
             p.add_argument("--out-dir", type=Path, metavar="DIR",
                            help="where results are written (default: benchmarks/)")
 
@@ -340,6 +341,13 @@ def _batch(args: argparse.Namespace) -> int:
     from specgen.app.batch import batch_command
 
     return batch_command(args)
+
+
+def _bench_image(args: argparse.Namespace) -> int:
+    from specgen.app.bench_image import bench_image
+
+    _use_threads(args.threads)
+    return bench_image(args)
 
 
 def _bench_text(args: argparse.Namespace) -> int:

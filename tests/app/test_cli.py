@@ -132,7 +132,6 @@ def test_bad_threads_environment_is_an_error(value, in_tmp, monkeypatch, capsys)
 NOT_YET = {
     "generate video": ["generate", "video", "--class", "3", "--out", "x.gif", "--json"],
     "generate speech": ["generate", "speech", "--text", "hello", "--out", "x.wav"],
-    "bench image": ["bench", "image"],
     "bench video": ["bench", "video", "--json"],
     "bench speech": ["bench", "speech", "--max-new-tokens", "50"],
     "train speech": ["--threads", "2", "train", "speech"],
