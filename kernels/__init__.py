@@ -17,7 +17,8 @@ from specgen.kernels import reference
 OPS = ("rejection_sample", "greedy_verify", "sample_categorical", "accept_probability", "residual_probs",
        "ancestor_mask", "sibling_step", "tree_children", "tree_rejection_sample", "coupled_resample",
        "gumbel_argmax")
-TRITON_OPS = ("rejection_sample", "greedy_verify", "ancestor_mask", "tree_rejection_sample")
+TRITON_OPS = ("rejection_sample", "greedy_verify", "ancestor_mask", "tree_rejection_sample", "coupled_resample",
+              "gumbel_argmax")
 HAS_TRITON = find_spec("triton") is not None
 BACKENDS = ("auto", "torch", "triton")
 _backend = os.environ.get("SPECGEN_KERNELS", "auto")

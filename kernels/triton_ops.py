@@ -1,7 +1,8 @@
 """Triton kernels for verification ops, with the signatures of their torch twins in `kernels.reference`.
 
-One program per batch row walks the ragged layout (vLLM's rejection sampler is the model). Randomness comes
-in as data, so a kernel and the reference agree token for token. On a CPU the kernels run only under
+One program per batch row walks the ragged layout (vLLM's rejection sampler is the model); the Jacobi ops
+(`coupled_resample`, `gumbel_argmax`) have no chain to walk and run one program per (row, slot). Randomness
+comes in as data, so a kernel and the reference agree token for token. On a CPU the kernels run only under
 `TRITON_INTERPRET=1` (set before this module is imported); tests use that.
 
 Sampling is inverse-CDF with one uniform per row, over unnormalised weights (the threshold is u * total):
@@ -293,3 +294,115 @@ def tree_rejection_sample(tokens, parents, draft_probs, target_probs, accept_uni
         WITHOUT_REPLACEMENT=bool(without_replacement), BLOCK_V=min(BLOCK, triton.next_power_of_2(vocab)))
     width = int(num_accepted.max()) + 1
     return path[:, :width], output[:, :width], num_accepted, rejected.bool()
+
+
+@triton.jit
+def _sample_residual(target_row, draft_row, uniform, V: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Inverse-CDF draw from relu(target - draft) (the target where that is empty) with one float64 uniform,
+    as `reference.sample_categorical`: the first index whose cumulative weight exceeds u * total, clamped to
+    the last positive-weight index (V - 1 when no weight is positive)."""
+    residual_total = tl.zeros((), dtype=tl.float64)
+    for start in range(0, V, BLOCK_V):  # sweep 1: is the residual empty, and the total
+        offs = start + tl.arange(0, BLOCK_V)
+        inside = offs < V
+        p = tl.load(target_row + offs, mask=inside, other=0.0).to(tl.float64)
+        q = tl.load(draft_row + offs, mask=inside, other=0.0).to(tl.float64)
+        residual_total += tl.sum(tl.maximum(p - q, 0.0), axis=0)
+    use_residual = residual_total > 0
+    total = residual_total
+    if not use_residual:  # p == q: any draw will do, the reference draws from the target
+        total = tl.zeros((), dtype=tl.float64)
+        for start in range(0, V, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            total += tl.sum(tl.load(target_row + offs, mask=offs < V, other=0.0).to(tl.float64), axis=0)
+    threshold = uniform * total
+    running = tl.zeros((), dtype=tl.float64)
+    found = tl.full((), V, tl.int64)
+    last_positive = tl.full((), -1, tl.int64)
+    for start in range(0, V, BLOCK_V):  # sweep 2: first index whose cumulative weight passes the threshold
+        offs = start + tl.arange(0, BLOCK_V)
+        inside = offs < V
+        p = tl.load(target_row + offs, mask=inside, other=0.0).to(tl.float64)
+        q = tl.load(draft_row + offs, mask=inside, other=0.0).to(tl.float64)
+        # (a where, not a load mask: the interpreter cannot splat a scalar float comparison into a mask)
+        weight = tl.where(inside, tl.maximum(p - tl.where(use_residual, q, 0.0), 0.0), 0.0)
+        cdf = running + tl.cumsum(weight, axis=0)
+        found = tl.minimum(found, tl.min(tl.where((cdf > threshold) & inside, offs, V), axis=0).to(tl.int64))
+        last_positive = tl.maximum(last_positive, tl.max(tl.where(weight > 0, offs, -1), axis=0).to(tl.int64))
+        running += tl.sum(weight, axis=0)
+    return tl.minimum(found, tl.where(last_positive >= 0, last_positive, V - 1))
+
+
+@triton.jit
+def _coupled_kernel(draft_tokens, draft_probs, target_probs, keep_uniform, draw_uniform, tokens_out, kept_out,
+                    V: tl.constexpr, BLOCK_V: tl.constexpr):
+    # one program per (row, slot), flattened: draft_tokens [B*K] int64; draft/target probs [B*K, V];
+    # uniforms [B*K] float64; tokens_out [B*K] int64; kept_out [B*K] int8
+    slot = tl.program_id(0).to(tl.int64)
+    token = tl.load(draft_tokens + slot)
+    at = tl.maximum(token, 0)  # PLACEHOLDER drafts are read at token 0, as the reference gathers them
+    target_row = target_probs + slot * V
+    draft_row = draft_probs + slot * V
+    target_p = tl.load(target_row + at).to(tl.float64)
+    draft_p = tl.load(draft_row + at).to(tl.float64)
+    keep_p = tl.where(draft_p > 0, tl.minimum(target_p / tl.where(draft_p > 0, draft_p, 1.0), 1.0), 0.0)
+    kept = tl.load(keep_uniform + slot) < keep_p
+    result = token
+    if not kept:  # only rejected slots sweep the vocabulary
+        result = _sample_residual(target_row, draft_row, tl.load(draw_uniform + slot), V, BLOCK_V)
+    tl.store(tokens_out + slot, result)
+    tl.store(kept_out + slot, kept.to(tl.int8))
+
+
+def coupled_resample(draft_tokens, draft_probs, target_probs, keep_uniform, draw_uniform):
+    """Triton twin of `reference.coupled_resample`."""
+    batch, k = draft_tokens.shape
+    vocab = target_probs.shape[-1]
+    device = draft_tokens.device
+    tokens = torch.full((batch, k), _UNWRITTEN, dtype=torch.long, device=device)
+    kept = torch.full((batch, k), _UNWRITTEN, dtype=torch.int8, device=device)
+    if batch * k:
+        _coupled_kernel[(batch * k,)](
+            draft_tokens.contiguous(), draft_probs.contiguous(), target_probs.contiguous(),
+            keep_uniform.double().contiguous(), draw_uniform.double().contiguous(), tokens, kept,
+            V=vocab, BLOCK_V=min(BLOCK, triton.next_power_of_2(vocab)))
+    return tokens, kept.bool()
+
+
+@triton.jit
+def _gumbel_kernel(target_probs, exponential, out, V: tl.constexpr, BLOCK_V: tl.constexpr):
+    # one program per row of [R, V]: argmax of target / exponential in float64, the first maximal index on
+    # ties and the first NaN if there is one (torch.argmax's rules)
+    row = tl.program_id(0).to(tl.int64)
+    best = tl.full((), float("-inf"), tl.float64)
+    best_index = tl.zeros((), dtype=tl.int64)
+    first_nan = tl.full((), V, tl.int64)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        inside = offs < V
+        p = tl.load(target_probs + row * V + offs, mask=inside, other=0.0).to(tl.float64)
+        e = tl.load(exponential + row * V + offs, mask=inside, other=1.0).to(tl.float64)
+        score = p / e
+        nan = (score != score) & inside  # noqa: PLR0124  (NaN test)
+        first_nan = tl.minimum(first_nan, tl.min(tl.where(nan, offs, V), axis=0).to(tl.int64))
+        score = tl.where(inside & ~nan, score, float("-inf"))
+        block_best = tl.max(score, axis=0)
+        block_index = tl.min(tl.where(score == block_best, offs, V), axis=0).to(tl.int64)
+        better = block_best > best  # strict: an equal maximum in a later block loses to the earlier one
+        best_index = tl.where(better, block_index, best_index)
+        best = tl.where(better, block_best, best)
+    tl.store(out + row, tl.where(first_nan < V, first_nan, best_index))
+
+
+def gumbel_argmax(target_probs, exponential):
+    """Triton twin of `reference.gumbel_argmax` (leading axes broadcast as in torch)."""
+    target_probs, exponential = torch.broadcast_tensors(target_probs, exponential)
+    shape = target_probs.shape
+    vocab = shape[-1]
+    out = torch.full(shape[:-1], _UNWRITTEN, dtype=torch.long, device=target_probs.device)
+    rows = out.numel()
+    if rows:
+        _gumbel_kernel[(rows,)](target_probs.reshape(rows, vocab).contiguous(),
+                                exponential.reshape(rows, vocab).contiguous(), out,
+                                V=vocab, BLOCK_V=min(BLOCK, triton.next_power_of_2(vocab)))
+    return out

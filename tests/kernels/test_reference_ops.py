@@ -8,6 +8,7 @@ import torch
 
 from specgen import kernels
 from specgen.errors import InvalidRequest
+from specgen.samplers.chisquare import goodness_of_fit
 
 P = kernels.PLACEHOLDER
 V = 7  # odd vocabulary
@@ -316,6 +317,97 @@ def test_ancestor_mask_batched_rows_are_independent():
     star = torch.eye(5, dtype=torch.bool)
     star[:, 0] = True
     assert torch.equal(mask[1], star)
+
+
+# ---- coupled_resample, gumbel_argmax (Jacobi decoding) ----------------------------------------------
+
+# One window of five slots, dyadic laws whose keep probabilities and normalised residuals are multiples of 1/16:
+#   slot 0: keep 2 w.p. 1, 3 w.p. .5; residual {1: 1}
+#   slot 1: keep 4 w.p. 1, 6 never (the target gives it 0); residual {1: .5, 3: .5}
+#   slot 2: draft == target: always kept (the residual is empty)
+#   slot 3: disjoint supports: never kept; residual = the target
+#   slot 4: keep 0 w.p. .25, 2 and 5 w.p. 1; residual {5: 1}
+WINDOW_TARGET = torch.stack([dist({1: .25, 2: .5, 3: .25}), dist({1: .25, 3: .25, 4: .5}), dist({0: .25, 1: .75}),
+                             dist({0: .5, 5: .5}), dist({0: .125, 2: .375, 5: .5})])
+WINDOW_DRAFT = torch.stack([dist({2: .5, 3: .5}), dist({4: .5, 6: .5}), dist({0: .25, 1: .75}),
+                            dist({2: .25, 6: .75}), dist({0: .5, 2: .375, 5: .125})])
+GRID = 16  # uniforms at the midpoints (i + 1/2) / GRID: exact frequencies for multiples of 1/GRID
+
+
+def _enumerate_window():
+    """Every combination of drafts (one per slot, from its draft law's support) x keep uniform x draw uniform,
+    in one batch. Returns (weight [rows] = P(drafts) / GRID^2, drafts, tokens, kept)."""
+    supports = [torch.nonzero(law).squeeze(-1) for law in WINDOW_DRAFT]
+    drafts = torch.cartesian_prod(*supports)  # [combos, 5]
+    weight = torch.stack([WINDOW_DRAFT[s, drafts[:, s]] for s in range(5)], 1).prod(1)
+    grid = (torch.arange(GRID, dtype=torch.float64) + 0.5) / GRID
+    combos = len(drafts)
+    drafts = drafts.repeat_interleave(GRID * GRID, 0)
+    weight = weight.repeat_interleave(GRID * GRID, 0) / GRID ** 2
+    keep_u = grid.repeat_interleave(GRID).repeat(combos)[:, None].expand(-1, 5)
+    draw_u = grid.repeat(GRID * combos)[:, None].expand(-1, 5)
+    rows = len(drafts)
+    tokens, kept = kernels.coupled_resample(drafts, WINDOW_DRAFT.expand(rows, -1, -1),
+                                            WINDOW_TARGET.expand(rows, -1, -1), keep_u, draw_u)
+    return weight, drafts, tokens, kept
+
+
+def test_coupled_resample_output_is_distributed_as_the_target_at_every_slot():
+    weight, _, tokens, _ = _enumerate_window()
+    assert float(weight.sum()) == 1.0
+    for slot in range(5):  # P[token] = P[kept] 1{draft} + P[resampled] residual, summed exactly
+        law = torch.zeros(V, dtype=torch.float64).index_add_(0, tokens[:, slot], weight)
+        assert torch.equal(law, WINDOW_TARGET[slot]), (slot, law)
+
+
+def test_coupled_resample_keeps_the_draft_with_probability_min_one_ratio():
+    weight, drafts, tokens, kept = _enumerate_window()
+    assert torch.equal(tokens[kept], drafts[kept])  # a kept slot is the old draft
+    for slot in range(5):
+        target, draft = WINDOW_TARGET[slot], WINDOW_DRAFT[slot]
+        for token in torch.nonzero(draft).squeeze(-1).tolist():
+            rows = drafts[:, slot] == token
+            keep_rate = float(kept[rows, slot].double().mean())
+            assert keep_rate == min(1.0, float(target[token] / draft[token])), (slot, token)
+        # in expectation 1 - TV(target, draft) = sum min(target, draft), the largest possible
+        assert float(weight[kept[:, slot]].sum()) == float(torch.minimum(target, draft).sum())
+    assert not bool(kept[:, 3].any()) and bool(kept[:, 2].all())
+
+
+def test_coupled_resample_threshold_is_strict_and_slots_do_not_break():
+    draft, target = WINDOW_DRAFT[None], WINDOW_TARGET[None]
+    tokens = torch.tensor([[3, 6, 1, 2, 0]])  # keep probabilities .5, 0, 1, 0, .25
+    at = u(0.5, TINY, TOP, TINY, 0.25)  # u == keep probability rejects
+    below = u(0.5 - 2 ** -53, TINY, TOP, TINY, 0.25 - 2 ** -54)
+    draw = u(0.5, 0.75, 0.5, 0.75, 0.5)
+    out, kept = kernels.coupled_resample(tokens, draft, target, at, draw)
+    assert kept.tolist() == [[False, False, True, False, False]]
+    assert out.tolist() == [[1, 3, 1, 5, 5]]  # every rejected slot resamples: there is no break
+    out, kept = kernels.coupled_resample(tokens, draft, target, below, draw)
+    assert kept.tolist() == [[True, False, True, False, True]] and out.tolist() == [[3, 3, 1, 5, 0]]
+
+
+def test_gumbel_argmax_is_a_sample_from_the_target():
+    gen = torch.Generator().manual_seed(2024)
+    law = dist({0: .05, 2: .4, 3: .25, 5: .3})
+    n = 20_000
+    exponential = -torch.log(torch.rand(n, V, generator=gen, dtype=torch.float64))
+    for probs in (law, law.float(), law * 3.0):  # float32 and unnormalised laws too
+        index = kernels.gumbel_argmax(probs.expand(n, -1), exponential)
+        assert index.shape == (n,) and index.dtype == torch.long
+        assert bool((law[index] > 0).all())
+        outcome = goodness_of_fit([(t,) for t in index.tolist()], {(t,): float(law[t]) for t in range(V)})
+        assert outcome.p_value > 1e-4, outcome
+
+
+def test_gumbel_argmax_never_returns_a_zero_probability_token():
+    law = dist({1: 1e-300, 4: 1.0 - 2 ** -20})
+    # Exp(1) variates -log(u) of float64 uniforms lie in (2^-54, 745): every combination of extremes
+    extremes = torch.tensor([2 ** -54, 1e-300, 1e-12, 1.0, 37.4, 745.0], dtype=torch.float64)
+    exponential = torch.cartesian_prod(*[extremes] * 3)[:, [0, 1, 0, 2, 2, 0, 1]]  # tokens 1 and 4: columns 1, 2
+    index = kernels.gumbel_argmax(law.expand(len(exponential), -1), exponential)
+    assert bool((law[index] > 0).all())
+    assert set(index.tolist()) == {1, 4}  # a 1e-300 token still wins against enough noise on the other
 
 
 def test_backend_dispatch():

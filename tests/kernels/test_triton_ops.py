@@ -118,3 +118,159 @@ def test_tree_rejection_sample_matches_torch(mode, vocab):
         expected, got = reference.tree_rejection_sample(*args), triton_ops.tree_rejection_sample(*args)
         for e, o in zip(expected, got):
             assert torch.equal(e, o), (mode, vocab, seed, expected, got)
+
+
+# ---- Jacobi ops: coupled_resample and gumbel_argmax ----------------------------------------------
+
+def _laws(shape, g, sparse):
+    weights = torch.rand(shape, generator=g, dtype=torch.float64) ** 4
+    if sparse:  # zeros in the laws, at least one positive entry per law
+        weights = weights * (torch.rand(shape, generator=g) < 0.3)
+        weights[..., 0] += 1e-3
+    return weights / weights.sum(-1, keepdim=True)
+
+
+def _coupled_case(batch, k, vocab, seed, sparse=False):
+    """Draft laws near the target ones (so slots are both kept and resampled), float32 like model outputs;
+    some drafts sit where their own law is zero or are PLACEHOLDER (never kept)."""
+    g = torch.Generator().manual_seed(seed)
+    target = _laws((batch, k, vocab), g, sparse)
+    draft = 0.5 * target + 0.5 * _laws((batch, k, vocab), g, sparse)
+    tokens = torch.multinomial(draft.reshape(-1, vocab), 1, generator=g).reshape(batch, k)
+    odd = torch.rand(batch, k, generator=g) < 0.2
+    tokens = torch.where(odd, torch.randint(-1, vocab, (batch, k), generator=g), tokens)
+    keep_u = torch.rand(batch, k, generator=g, dtype=torch.float64)
+    draw_u = torch.rand(batch, k, generator=g, dtype=torch.float64)
+    return tokens, draft.float(), target.float(), keep_u, draw_u
+
+
+def _assert_coupled_equal(case):
+    expected, got = reference.coupled_resample(*case), triton_ops.coupled_resample(*case)
+    assert got[1].dtype == torch.bool and got[0].dtype == torch.long
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), (got, expected)
+    return expected
+
+
+@pytest.mark.parametrize("batch,k,vocab", [(1, 1, 2), (3, 4, 13), (4, 3, 1500), (2, 5, 4099)])
+def test_coupled_resample_matches_torch(batch, k, vocab):
+    kept = []
+    for seed in range(3):
+        kept.append(_assert_coupled_equal(_coupled_case(batch, k, vocab, seed, sparse=seed == 2))[1])
+    kept = torch.cat([x.flatten() for x in kept])
+    assert batch * k < 4 or (bool(kept.any()) and not bool(kept.all()))  # both branches were exercised
+
+
+def test_coupled_resample_float64_laws_and_extreme_uniforms():
+    tokens, draft, target, keep_u, draw_u = _coupled_case(4, 6, 37, 5, sparse=True)
+    keep_u[0], draw_u[1] = 2.0 ** -54, 2.0 ** -54
+    keep_u[2], draw_u[3] = 1.0 - 2.0 ** -53, 1.0 - 2.0 ** -53
+    _assert_coupled_equal((tokens, draft.double(), target.double(), keep_u, draw_u))
+
+
+def test_coupled_resample_empty_residual_draws_from_the_target():
+    """Draft law == target law: the residual is empty. Drafts the law gives zero weight (and PLACEHOLDER drafts
+    read at token 0, here of weight 0) are rejected and redrawn from the target; the rest are all kept."""
+    g = torch.Generator().manual_seed(11)
+    target = _laws((3, 5, 41), g, sparse=True)
+    target[..., 0] = 0.0
+    target = target / target.sum(-1, keepdim=True)
+    tokens = torch.randint(-1, 41, (3, 5), generator=g)
+    keep_u = torch.rand(3, 5, generator=g, dtype=torch.float64)
+    draw_u = torch.rand(3, 5, generator=g, dtype=torch.float64)
+    out, kept = _assert_coupled_equal((tokens, target.clone(), target, keep_u, draw_u))
+    positive = target.gather(-1, tokens.clamp(min=0)[..., None]).squeeze(-1) > 0
+    assert torch.equal(kept, positive) and not bool(kept.all())
+    assert bool((target.gather(-1, out.clamp(min=0)[..., None]) > 0).all())
+    # a degenerate all-zero law follows the reference's clamp too (the last index)
+    zeros = torch.zeros(1, 2, 9, dtype=torch.float64)
+    degenerate = (torch.tensor([[3, -1]]), zeros, zeros, keep_u[:1, :2], draw_u[:1, :2])
+    assert _assert_coupled_equal(degenerate)[0].tolist() == [[8, 8]]
+
+
+def test_coupled_resample_large_vocabulary():
+    tokens, draft, target, _, draw_u = _coupled_case(1, 2, 262_144, 7)
+    keep_u = torch.tensor([[1.0 - 2.0 ** -53, 2.0 ** -54]], dtype=torch.float64)  # resample slot 0, keep slot 1
+    tokens[0, 0] = int((draft[0, 0] - target[0, 0]).argmax())  # target/draft < 1 there
+    tokens[0, 1] = int(draft[0, 1].argmax())
+    _, kept = _assert_coupled_equal((tokens, draft, target, keep_u, draw_u))
+    assert kept.tolist() == [[False, True]]
+
+
+def _gumbel_case(shape, seed, sparse=False):
+    g = torch.Generator().manual_seed(seed)
+    target = _laws(shape, g, sparse)
+    exponential = -torch.log(torch.rand(shape, generator=g, dtype=torch.float64))
+    return target, exponential
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 2), (3, 4, 13), (2, 3, 1500), (2, 2, 4099), (5, 37)])
+def test_gumbel_argmax_matches_torch(shape):
+    for seed in range(3):
+        target, exponential = _gumbel_case(shape, seed, sparse=seed == 2)
+        for probs in (target, target.float()):
+            expected = reference.gumbel_argmax(probs, exponential)
+            assert torch.equal(triton_ops.gumbel_argmax(probs, exponential), expected)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning", "ignore:divide by zero:RuntimeWarning")
+def test_gumbel_argmax_ties_infinities_nans_and_broadcasting():
+    vocab = 2100  # ties inside one block and across blocks (BLOCK = 1024): the first maximal index wins
+    target = torch.zeros(4, vocab, dtype=torch.float64)
+    target[0, [5, 1500, 2000]] = 1 / 3
+    target[1, [1500, 2000]] = 0.5
+    target[2] = 1 / vocab
+    target[3, 7] = 1.0
+    exponential = torch.ones(4, vocab, dtype=torch.float64)
+    exponential[3, 9] = 0.0  # 0/0 = NaN: torch's argmax returns the first NaN
+    expected = reference.gumbel_argmax(target, exponential)
+    assert expected.tolist() == [5, 1500, 0, 9]
+    assert torch.equal(triton_ops.gumbel_argmax(target, exponential), expected)
+    exponential[3, 9], exponential[3, 7] = 1.0, 0.0  # target / 0 = inf
+    assert triton_ops.gumbel_argmax(target, exponential).tolist() == [5, 1500, 0, 7]
+    target, exponential = _gumbel_case((2, 3, 19), 4)  # one noise row shared by every leading index
+    assert torch.equal(triton_ops.gumbel_argmax(target, exponential[0, 0]),
+                       reference.gumbel_argmax(target, exponential[0, 0]))
+    assert triton_ops.gumbel_argmax(target[:0], exponential[:0]).shape == (0, 3)
+
+
+def test_gumbel_argmax_large_vocabulary():
+    target, exponential = _gumbel_case((1, 1, 262_144), 8)
+    assert torch.equal(triton_ops.gumbel_argmax(target, exponential), reference.gumbel_argmax(target, exponential))
+
+
+@pytest.mark.parametrize("coupling", ["maximal", "gumbel"])
+def test_dispatch_forced_to_triton_gives_identical_jacobi_generation(coupling):
+    from specgen.samplers.acceptance import ChainRejection
+    from specgen.samplers.jacobi import JacobiDrafter
+    from specgen.samplers.loop import generate
+    from specgen.samplers.policies import FixedLength
+    from specgen.samplers.processing import Processing
+    from specgen.samplers.toy import TableLM, TableTarget
+
+    target = TableLM(6, order=2, seed=5, scale=0.5)
+    prompts = [torch.tensor([1, 2]), torch.tensor([3]), torch.tensor([0, 5, 4])]
+    calls = []
+
+    def spy(name):
+        original = getattr(triton_ops, name)
+
+        def wrapped(*args):
+            calls.append(name)
+            return original(*args)
+        return wrapped
+
+    def run():
+        return generate(TableTarget(target), JacobiDrafter(6, coupling, "random"), ChainRejection(), prompts,
+                        processing=Processing(top_k=4), max_new_tokens=12, policy=FixedLength(3), seed=9).tokens
+
+    kernels.set_backend("torch")
+    expected = run()
+    name = "coupled_resample" if coupling == "maximal" else "gumbel_argmax"
+    kernels.set_backend("triton")
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(triton_ops, name, spy(name))
+            assert run() == expected
+    finally:
+        kernels.set_backend("auto")
+    assert calls  # the Triton kernel really ran
