@@ -13,11 +13,11 @@ import json
 import logging
 import math
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 
 from specgen import __version__
+from specgen.app.ui_models import LazyGenerator
 from specgen.errors import SpecgenError
 from specgen.samplers import registry
 
@@ -152,19 +152,18 @@ def acceptance_frame(per_position: list):
 
 # ---- model holders -----------------------------------------------------------------------------------------------
 
-class TextModels:
-    """Loads the text generator on first use (thread-safe), or serves the one it was given."""
+class TextModels(LazyGenerator):
+    """The text generator, loaded on first use, or the one it was given."""
 
     def __init__(self, generator=None, *, model: str | None = None, draft: str | None = None,
                  threads: int | None = 1):
-        self._generator = generator
-        self._model, self._draft, self._threads = model, draft, threads
-        self._lock = threading.Lock()
-        self.error: str | None = None
+        def load():
+            from specgen.modalities.text.generator import TextGenerator
 
-    @property
-    def loaded(self) -> bool:
-        return self._generator is not None
+            return TextGenerator(model, draft, threads=threads)
+
+        super().__init__(load, "text models", generator)
+        self._model, self._draft = model, draft
 
     def paths(self) -> tuple[str, str | None]:
         if self._generator is not None:
@@ -174,34 +173,8 @@ class TextModels:
         target, draft = default_models()
         return self._model or target, self._draft or (draft if self._model is None else None)
 
-    def get(self):
-        with self._lock:
-            if self._generator is None:
-                from specgen.modalities.text.generator import TextGenerator
 
-                started = time.perf_counter()
-                try:
-                    self._generator = TextGenerator(self._model, self._draft, threads=self._threads)
-                except SpecgenError as exc:
-                    self.error = str(exc)
-                    raise
-                self.error = None
-                log.info("text models loaded in %.1f s", time.perf_counter() - started)
-            return self._generator
-
-    def preload(self) -> threading.Thread:
-        """Load in a background thread (launch returns at once; the first request waits for the lock)."""
-        def load():
-            try:
-                self.get()
-            except SpecgenError as exc:
-                log.warning("text models not loaded: %s", exc)
-        thread = threading.Thread(target=load, name="specgen-preload", daemon=True)
-        thread.start()
-        return thread
-
-
-def header_markdown(text_models: TextModels) -> str:
+def header_markdown(text_models: TextModels, image_models=None) -> str:
     try:
         target, draft = text_models.paths()
     except Exception as exc:  # noqa: BLE001 - the header must render whatever happens
@@ -213,8 +186,10 @@ def header_markdown(text_models: TextModels) -> str:
             f"**Text models** ({state}): target `{target}`, {draft_text}.  \n"
             f"Tokens are coloured by where they came from: **accepted** (drafted and verified), "
             f"**recovered** (sampled by the target at the first rejection), **bonus** (sampled by the target "
-            f"after every drafted token was accepted), **target** (plain decoding). "
-            f"Image, video and speech generation are not available in this version.")
+            f"after every drafted token was accepted), **target** (plain decoding).  \n"
+            + (image_models.describe() + "; Jacobi decoding (SJD, MC-SJD, Gumbel) needs no draft model.  \n"
+               if image_models is not None else "")
+            + "Video and speech generation are not available in this version.")
 
 
 # ---- callbacks ---------------------------------------------------------------------------------------------------
@@ -420,18 +395,22 @@ def make_unavailable_runner(modality: str):
 # ---- the app -----------------------------------------------------------------------------------------------------
 
 def build_demo(text_generator=None, *, model: str | None = None, draft: str | None = None,
-               threads: int | None = 1, concurrency_limit: int = 1, text_models: TextModels | None = None):
+               threads: int | None = 1, concurrency_limit: int = 1, text_models: TextModels | None = None,
+               image_generator=None, image_models=None):
     """The Blocks app. Nothing heavy happens here: models load on the first request."""
     import gradio as gr
 
+    from specgen.app.ui_image import ImageModels, build_image_tab
+
     text_models = text_models or TextModels(text_generator, model=model, draft=draft, threads=threads)
+    image_models = image_models or ImageModels(image_generator, threads=threads)
     text_methods = registry.method_names("text")
     knobs = _text_knobs()
     default_method = "draft" if "draft" in text_methods else text_methods[0]
     default_own = {k.name for k in registry.get_method("text", default_method).knobs}
 
     with gr.Blocks(title="specgen") as demo:
-        header = gr.Markdown(header_markdown(text_models), elem_id="header")
+        header = gr.Markdown(header_markdown(text_models, image_models), elem_id="header")
         with gr.Tabs():
             with gr.Tab("Text", id="text", elem_id="tab-text"):
                 with gr.Row():
@@ -468,8 +447,10 @@ def build_demo(text_generator=None, *, model: str | None = None, draft: str | No
                         with gr.Accordion("all statistics (JSON)", open=False):
                             stats_json = gr.JSON(elem_id="text-stats-json")
 
+            image_event = build_image_tab(gr, image_models, concurrency_limit=concurrency_limit,
+                                          concurrency_id=MODEL_WORK)
             unavailable = {}
-            for modality, title in (("image", "Image"), ("video", "Video"), ("speech", "Speech")):
+            for modality, title in (("video", "Video"), ("speech", "Speech")):
                 with gr.Tab(title, id=modality, elem_id=f"tab-{modality}"):
                     gr.Markdown(not_available_message(modality))
                     methods = registry.method_names(modality) or PLANNED_METHODS[modality]
@@ -501,12 +482,13 @@ def build_demo(text_generator=None, *, model: str | None = None, draft: str | No
                               [prompt, method, compare, temperature, top_p, seed, max_new_tokens, *knob_inputs],
                               [output, stats_panel, plot, stats_json], api_name="generate_text",
                               concurrency_limit=concurrency_limit, concurrency_id=MODEL_WORK)
-        run_event.then(lambda: header_markdown(text_models), None, header, queue=False, api_name=False)
+        for event in (run_event, image_event):
+            event.then(lambda: header_markdown(text_models, image_models), None, header, queue=False, api_name=False)
         stop.click(None, None, None, cancels=[run_event], api_name=False)
         for modality, (source, m_method, m_run, m_output, m_stats) in unavailable.items():
             m_run.click(make_unavailable_runner(modality), [source, m_method], [m_output, m_stats],
                         api_name=f"generate_{modality}", concurrency_limit=None)
-        demo.load(lambda: header_markdown(text_models), None, header, queue=False, api_name=False)
+        demo.load(lambda: header_markdown(text_models, image_models), None, header, queue=False, api_name=False)
     demo.queue(max_size=64)
     return demo
 
@@ -519,15 +501,19 @@ def launch_demo(args) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("specgen").setLevel(logging.INFO)  # our own progress (model loading), not every request
+    from specgen.app.ui_image import ImageModels
+
     text_models = TextModels(model=getattr(args, "model", None), draft=getattr(args, "draft", None),
                              threads=args.threads)
-    demo = build_demo(text_models=text_models)
+    image_models = ImageModels(threads=args.threads)
+    demo = build_demo(text_models=text_models, image_models=image_models)
     try:
         demo.launch(server_name=args.host, server_port=args.port, show_error=True, ssr_mode=False,
                     footer_links=["api", "settings"], prevent_thread_lock=True)
     except OSError as exc:
         raise InvalidRequest(f"cannot serve on {args.host}:{args.port}: {exc}") from None
     text_models.preload()  # serving already; the first request waits for the models if they are not ready
+    image_models.preload()
     demo.block_thread()  # until Ctrl-C
     return 0
 

@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from tiny_models import free_port, save_tiny, serve
+from tiny_models import free_port, save_tiny, save_tiny_image_model, serve
 from specgen.app.ui import COLOR_MAP, IncrementalDetokenizer, build_demo
 from specgen.modalities.text.generator import TextGenerator
 
@@ -33,8 +33,15 @@ def generator(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def app(generator):
-    yield from serve(build_demo(generator))
+def image_generator(tmp_path_factory):
+    from specgen.modalities.image.generator import ImageGenerator
+
+    return ImageGenerator(*save_tiny_image_model(tmp_path_factory.mktemp("image"), num_codes=16, grid=4))
+
+
+@pytest.fixture(scope="module")
+def app(generator, image_generator):
+    yield from serve(build_demo(generator, image_generator=image_generator))
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +87,31 @@ def test_prompt_lookup_marks_accepted_tokens_and_plain_decoding_is_grey(client):
     assert plain[3]["tau"] == 1.0
 
 
-@pytest.mark.parametrize("endpoint, kwargs", [("/generate_image", {"prompt": "a red circle"}),
-                                              ("/generate_video", {"prompt": "3"}),
+def test_image_tab_streams_a_decoding_image(client, image_generator):
+    job = client.submit(prompt="red K on blue", method="mc-sjd", window=6, temperature=0, compare=True,
+                        api_name="/generate_image")
+    image, stats_md, plot, stats = job.result(timeout=60)
+    updates = job.outputs()
+    assert len(updates) >= 3 and all(update[0] for update in updates)  # an image from the first step on
+    from PIL import Image
+
+    assert Image.open(image).size == (64, 64)  # 16x16 pixels shown 4x larger
+    alone = image_generator.generate("red K on blue", method="ar", temperature=0)
+    assert stats["committed"] == 16 and stats["identical_to_ar"] is True and stats["speedup_vs_ar"] > 0
+    assert "τ" in stats_md and "measured speedup vs plain decoding" in stats_md and "changed per step" in stats_md
+    assert stats["steps"] < alone.stats["steps"] or stats["tau"] >= 1.0
+
+
+def test_image_tab_rejects_bad_requests(client):
+    with pytest.raises(Exception, match="unknown word"):
+        client.predict(prompt="purple Q", method="ar", api_name="/generate_image")
+    with pytest.raises(Exception, match="minimum value 2"):  # the window slider checks its range itself
+        client.predict(prompt="red K", method="mc-sjd", window=1, api_name="/generate_image")
+    with pytest.raises(Exception, match="Enter a prompt"):
+        client.predict(prompt="   ", method="ar", api_name="/generate_image")
+
+
+@pytest.mark.parametrize("endpoint, kwargs", [("/generate_video", {"prompt": "3"}),
                                               ("/generate_speech", {"text": "hello"})])
 def test_other_tabs_say_not_available(client, endpoint, kwargs):
     output, message = client.predict(**kwargs, method="ar", api_name=endpoint)

@@ -1,0 +1,184 @@
+"""The demo's Image tab: an image decoding live as Jacobi decoding commits its tokens (uncommitted rows dimmed),
+the live stats panel (τ, steps, acceptance per window position, tokens changed per step), and a comparison with
+plain decoding of the same request (measured speedup next to the one the measured τ predicts)."""
+
+from __future__ import annotations
+
+import logging
+
+from specgen.app.ui_models import LazyGenerator
+from specgen.errors import SpecgenError
+from specgen.samplers import registry
+
+log = logging.getLogger("specgen.app.ui")
+DISPLAY_SCALE = 4  # 64x64 images are shown at 256x256 (nearest neighbour)
+MAX_TOP_K = 100_000
+MAX_GUIDANCE = 20.0
+
+
+class ImageModels(LazyGenerator):
+    def __init__(self, generator=None, *, model: str | None = None, vq: str | None = None, threads: int | None = 1):
+        def load():
+            from specgen.modalities.image.generator import ImageGenerator
+
+            return ImageGenerator(model, vq, threads=threads)
+
+        super().__init__(load, "image models", generator)
+        self._model = model
+
+    def describe(self) -> str:
+        if self._generator is not None:
+            path = self._generator.model_path
+        else:
+            path = self._model or "assets/image/target"
+        return f"**Image model** ({self.state()}): `{path}`"
+
+
+def partial_image(generator, tokens: list[int]):
+    """The image of the committed tokens so far: uncommitted codes are filled with the last committed one and
+    their pixels dimmed, so the picture fills in as tokens are committed."""
+    import numpy as np
+    from PIL import Image
+
+    grid = generator.vocab.grid
+    filler = tokens[-1] if tokens else 0
+    codes = (tokens + [filler] * (grid * grid - len(tokens)))[:grid * grid]
+    pixels = generator.decode([codes])[0]
+    array = np.asarray(pixels).astype(np.float32)
+    committed = np.zeros(grid * grid, dtype=bool)
+    committed[:len(tokens)] = True
+    scale = array.shape[0] // grid
+    mask = np.kron(committed.reshape(grid, grid), np.ones((scale, scale), dtype=bool))
+    array[~mask] = 0.25 * array[~mask] + 0.75 * 200.0  # a light veil over what is not committed yet
+    image = Image.fromarray(array.clip(0, 255).astype(np.uint8))
+    return image.resize((image.width * DISPLAY_SCALE, image.height * DISPLAY_SCALE), Image.NEAREST)
+
+
+def make_image_runner(image_models: ImageModels):
+    import gradio as gr
+
+    from specgen.app.ui import LiveStats, _check_number, _jsonable, _timed, acceptance_frame, stats_markdown
+
+    def run_image(prompt, method, compare, window, init, temperature, top_k, guidance, seed):
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise gr.Error("Enter a prompt or class first, e.g. 'red K on blue'.")
+        if method not in registry.method_names("image"):
+            raise gr.Error(f"unknown image method {method!r}; choose from: {', '.join(registry.method_names('image'))}")
+        temperature = _check_number(gr, "temperature", temperature, 0.0, 5.0)
+        top_k = _check_number(gr, "top-k", top_k, 0, MAX_TOP_K, integer=True)
+        guidance = _check_number(gr, "guidance", guidance, 0.0, MAX_GUIDANCE)
+        seed = _check_number(gr, "seed", seed, 0, 2**63 - 1, integer=True)
+        spec = registry.get_method("image", method)
+        params = {}
+        if spec.drafter is not None:
+            params = {"window": _check_number(gr, "window", window, 2, 256, integer=True), "init": init or "random"}
+        try:
+            generator = image_models.get()
+            spec.resolve_knobs(params)
+            generator.vocab.prompt_ids(prompt.strip())
+            options = dict(temperature=temperature, top_k=top_k, guidance_scale=guidance, seed=seed)
+            yield from _stream_image(generator, prompt.strip(), method, spec, compare, params, options)
+        except SpecgenError as exc:
+            raise gr.Error(str(exc)) from None
+        except gr.Error:
+            raise
+        except Exception as exc:  # noqa: BLE001 - shown in the UI, logged with its traceback
+            log.exception("image generation failed")
+            raise gr.Error(f"generation failed: {type(exc).__name__}: {exc}") from None
+
+    def _stream_image(generator, prompt, method, spec, compare, params, options):
+        from specgen.samplers.stats import SpecStats
+
+        stats, live = SpecStats(), LiveStats()
+        tokens: list[int] = []
+        events, busy = _timed(generator.stream(prompt, method=method, stats=stats, **options, **params))
+        for event in events:
+            if event.row != 0:
+                continue
+            live.update(event)
+            tokens.extend(event.tokens)
+            current = {**live.summary(busy[0]), "lossless": spec.lossless}
+            yield (partial_image(generator, tokens), stats_markdown(current, method=method, running=True),
+                   acceptance_frame(current["per_position_acceptance"]), current)
+        wall_s = busy[0]
+        ar_step_s = generator.measure_step_s(prompt, guidance_scale=options["guidance_scale"])
+        summary = stats.summary(method=method, lossless=spec.lossless, wall_s=wall_s, ar_step_s=ar_step_s)
+        drafter = generator.last_drafter
+        if drafter is not None and drafter.changed:
+            summary["changed_per_step"] = sum(drafter.changed) / len(drafter.changed)
+        if spec.drafter is not None:  # Jacobi's cost model: tau * T_window(1) / T_window(L)
+            window_s = generator.measure_window_s(prompt, params["window"], guidance_scale=options["guidance_scale"])
+            summary["predicted_speedup_measured"] = summary["tau"] * ar_step_s / window_s
+        image = partial_image(generator, tokens)
+        compared, note = None, ""
+        if compare and spec.drafter is not None:
+            yield (image, stats_markdown(summary, method=method, running=True,
+                                         note="_running plain decoding of the same request for comparison…_"),
+                   acceptance_frame(summary["per_position_acceptance"]), _jsonable(summary))
+            ar_tokens: list[int] = []
+            ar_events, ar_busy = _timed(generator.stream(prompt, method="ar", **options))
+            for event in ar_events:
+                if event.row == 0:
+                    ar_tokens.extend(event.tokens)
+            compared = {"ar_tokens_per_s": len(ar_tokens) / ar_busy[0] if ar_busy[0] > 0 else None,
+                        "ar_wall_s": ar_busy[0], "speedup_vs_ar": ar_busy[0] / wall_s if wall_s > 0 else None,
+                        "identical_to_ar": (ar_tokens == tokens) if options["temperature"] == 0 else None}
+            summary = {**summary, **compared}
+        elif compare:
+            note = "_`ar` is plain decoding: there is nothing to compare it with._"
+        if "changed_per_step" in summary:
+            note += f"\n\ntokens changed per step in the window: {summary['changed_per_step']:.1f}"
+        yield (image, stats_markdown(summary, method=method, running=False, compare=compared, note=note.strip()),
+               acceptance_frame(summary["per_position_acceptance"]), _jsonable(summary))
+
+    return run_image
+
+
+def build_image_tab(gr, image_models: ImageModels, *, concurrency_limit: int, concurrency_id: str):
+    """The Image tab's components and events (call inside `gr.Blocks`)."""
+    from specgen.modalities.image.conditions import EXAMPLE_PROMPTS
+
+    methods = registry.method_names("image")
+    default = "mc-sjd" if "mc-sjd" in methods else methods[0]
+    window_default = registry.get_method("image", default).resolve_knobs({}).get("window", 32)
+    with gr.Tab("Image", id="image", elem_id="tab-image"):
+        with gr.Row():
+            with gr.Column(scale=1):
+                prompt = gr.Dropdown(list(EXAMPLE_PROMPTS), value=EXAMPLE_PROMPTS[0], allow_custom_value=True,
+                                     label="Prompt or class", elem_id="image-prompt",
+                                     info="colour, character and background, a digit, or a photo name")
+                method = gr.Dropdown(methods, value=default, label="Method", elem_id="image-method")
+                compare = gr.Checkbox(value=True, label="compare with plain decoding", elem_id="image-compare",
+                                      info="re-runs the same request with `ar` and measures the speedup")
+                with gr.Row():
+                    run = gr.Button("Run", variant="primary", elem_id="image-run")
+                    stop = gr.Button("Stop", variant="stop", elem_id="image-stop")
+                with gr.Accordion("Settings", open=True):
+                    window = gr.Slider(2, 128, value=window_default, step=1, label="window L",
+                                       info="tokens scored per step (Jacobi methods)", elem_id="image-window")
+                    init = gr.Radio(["random", "left"], value="random", label="initial drafts",
+                                    elem_id="image-init")
+                    temperature = gr.Slider(0.0, 2.0, value=1.0, step=0.05, label="temperature",
+                                            info="0 means greedy", elem_id="image-temperature")
+                    top_k = gr.Number(value=50, precision=0, minimum=0, label="top-k (0 = all codes)",
+                                      elem_id="image-top-k")
+                    guidance = gr.Slider(0.0, 8.0, value=3.0, step=0.25, label="guidance scale (1 = off)",
+                                         elem_id="image-guidance")
+                    seed = gr.Number(value=0, precision=0, minimum=0, label="seed", elem_id="image-seed")
+            with gr.Column(scale=2):
+                with gr.Row():
+                    output = gr.Image(label="Image", elem_id="image-output", interactive=False, type="pil",
+                                      height=280, width=280)
+                    plot = gr.BarPlot(None, x="draft position", y="acceptance", y_lim=[0, 1],
+                                      title="acceptance per window position", elem_id="image-acceptance",
+                                      height=260)
+                stats_panel = gr.Markdown("_run a prompt to see τ, steps and the speedup_", elem_id="image-stats")
+                with gr.Accordion("all statistics (JSON)", open=False):
+                    stats_json = gr.JSON(elem_id="image-stats-json")
+    runner = make_image_runner(image_models)
+    event = run.click(runner, [prompt, method, compare, window, init, temperature, top_k, guidance, seed],
+                      [output, stats_panel, plot, stats_json], api_name="generate_image",
+                      concurrency_limit=concurrency_limit, concurrency_id=concurrency_id)
+    stop.click(None, None, None, cancels=[event], api_name=False)
+    return event
+
