@@ -1,12 +1,13 @@
 """`specgen batch`: run a JSON Lines file of requests, one result line per request, resumable.
 
 In:  {"id", "modality", "prompt"|"class"|"text", "method"?, "params"?, "seed"?}
-Out: {"id", "status": "ok"|"error", "result"|"error", "stats"}
+Out: {"id", "status": "ok"|"error", "result"|"error", "stats"}; an image item's result names its PNG, written to
+     OUT-images/<id>.png beside OUT.jsonl (several samples: one grid).
 
 The whole input is validated before any work (exit 2 naming the line). Each result line is flushed and
 fsync'ed as it is written, so a killed run loses nothing; a rerun skips the ids already in the output.
 Per-item failures are recorded with status "error" and the run goes on. Items run one after another on one
-loaded model (`--engine local`), or on Ray actors (`--engine ray`, when Ray is installed).
+loaded model per modality (`--engine local`), or on Ray actors (`--engine ray`, when Ray is installed).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ MAX_SEED = 2**63 - 1
 SOURCE_FIELDS = {"text": ("prompt",), "image": ("prompt", "class"), "video": ("prompt", "class"),
                  "speech": ("text",)}
 KNOWN_FIELDS = {"id", "modality", "prompt", "class", "text", "method", "params", "seed", "category"}
-RUNNABLE = ("text",)  # modalities this version generates
+RUNNABLE = ("text", "image")  # modalities this version generates
+DEFAULT_METHOD = {"image": "mc-sjd"}  # text: "draft" when a draft model is loaded, else "ar"
 
 
 @dataclass(frozen=True)
@@ -81,18 +83,28 @@ TEXT_OPTIONS = {  # generation options every text method takes (method knobs com
 }
 
 
-def _text_params(method: str, params: dict) -> dict:
-    """Validated text params: generation options plus the method's knobs (unknown names are errors)."""
-    spec = registry.get_method("text", method)
-    options = {name: TEXT_OPTIONS[name](value) for name, value in params.items() if name in TEXT_OPTIONS}
-    knob_values = {name: value for name, value in params.items() if name not in TEXT_OPTIONS}
+IMAGE_OPTIONS = {  # generation options every image method takes
+    "temperature": TEXT_OPTIONS["temperature"],
+    "top_k": TEXT_OPTIONS["top_k"],
+    "guidance_scale": lambda v: _check_float("guidance_scale", v, 0.0),
+    "num_samples": TEXT_OPTIONS["num_samples"],
+}
+OPTIONS = {"text": TEXT_OPTIONS, "image": IMAGE_OPTIONS}
+
+
+def _method_params(modality: str, method: str, params: dict) -> dict:
+    """Validated params: generation options plus the method's knobs (unknown names are errors)."""
+    spec = registry.get_method(modality, method)
+    table = OPTIONS[modality]
+    options = {name: table[name](value) for name, value in params.items() if name in table}
+    knob_values = {name: value for name, value in params.items() if name not in table}
     if "seed" in knob_values:
         raise InvalidRequest('"seed" belongs at the top level of the line, not in "params"')
     known = {k.name for k in spec.knobs}
     unknown = sorted(set(knob_values) - known)
     if unknown:
         raise InvalidRequest(f"method {method!r} has no parameter(s) {', '.join(unknown)}; known: "
-                             f"{', '.join([*TEXT_OPTIONS, *known])}")
+                             f"{', '.join([*table, *known])}")
     spec.resolve_knobs(knob_values)  # type and range checks
     return {**options, **knob_values}
 
@@ -137,9 +149,9 @@ def parse_request(item: object, line: int, default_text_method: str) -> Request:
         raise InvalidRequest(f'"params" must be a JSON object, got {json.dumps(params)}')
     seed = item.get("seed", 0)
     _check_int('"seed"', seed, 0, MAX_SEED)
-    if modality == "text":
-        method = method or default_text_method
-        params = _text_params(method, params)  # unknown method names fail here too
+    if modality in OPTIONS:
+        method = method or DEFAULT_METHOD.get(modality, default_text_method)
+        params = _method_params(modality, method, params)  # unknown method names fail here too
     return Request(line, item_id, modality, source_field, source, method, params, seed)
 
 
@@ -202,18 +214,60 @@ def not_available(modality: str) -> str:
     return f"{modality} generation is not available in this version (specgen {__version__})"
 
 
-def run_item(generator, request: Request) -> dict:
-    """One result record; every failure becomes an error record."""
+class Generators:
+    """One generator per modality, each loaded on first use (`text` may be given ready-made)."""
+
+    def __init__(self, text=None, *, model: str | None = None, draft: str | None = None, threads: int = 1,
+                 image=None, image_model: str | None = None, image_vq: str | None = None):
+        self.loaded = {"text": text, "image": image}
+        self.model, self.draft, self.threads = model, draft, threads
+        self.image_model, self.image_vq = image_model, image_vq
+
+    def get(self, modality: str):
+        if self.loaded.get(modality) is None:
+            if modality == "text":
+                from specgen.modalities.text.generator import TextGenerator
+
+                self.loaded["text"] = TextGenerator(self.model, self.draft, threads=self.threads)
+            else:
+                from specgen.modalities.image.generator import ImageGenerator
+
+                self.loaded["image"] = ImageGenerator(self.image_model, self.image_vq, threads=self.threads)
+        return self.loaded[modality]
+
+
+def image_path(image_dir: Path, request: Request) -> Path:
+    """A file name for an item's image: its id where that is a safe name, else the safe part plus a hash."""
+    import hashlib
+    import re
+
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", str(request.id))
+    if name != str(request.id) or name.startswith("."):
+        name += "-" + hashlib.sha256(str(request.id).encode()).hexdigest()[:8]
+    return image_dir / f"{name}.png"
+
+
+def run_item(generators, request: Request, image_dir: Path | None = None) -> dict:
+    """One result record; every failure becomes an error record. `generators` is a `Generators` (or, for text
+    only, one generator). Images are written to image_dir and the record names the file."""
     if request.modality not in RUNNABLE:
         return {"id": request.id, "status": "error", "error": not_available(request.modality), "stats": None}
     try:
-        result = generator.generate(request.source, method=request.method, seed=request.seed, **request.params)
+        generator = generators.get(request.modality) if isinstance(generators, Generators) else generators
+        result = generator.generate(str(request.source), method=request.method, seed=request.seed, **request.params)
     except SpecgenError as exc:
         return {"id": request.id, "status": "error", "error": " ".join(str(exc).split()), "stats": None}
     except Exception as exc:  # noqa: BLE001 - one bad item must not end the run
         log.exception("item %s failed", request.id)
         return {"id": request.id, "status": "error", "error": f"{type(exc).__name__}: {exc}", "stats": None}
-    if request.params.get("num_samples", 1) == 1:
+    if request.modality == "image":
+        from specgen.app.image_commands import grid_image
+
+        path = image_path(Path(image_dir or "."), request)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        grid_image(result.images).save(path)
+        output = {"image": str(path), "tokens": result.tokens[0] if len(result.tokens) == 1 else result.tokens}
+    elif request.params.get("num_samples", 1) == 1:
         output = {"text": result.text, "tokens": result.tokens}
     else:
         output = {"samples": result.samples}
@@ -307,9 +361,10 @@ def _progress(total: int, disable: bool):
                 dynamic_ncols=True)
 
 
-def _run_local(pending: list[Request], writer: ResultWriter, summary: Summary, generator, progress) -> None:
+def _run_local(pending: list[Request], writer: ResultWriter, summary: Summary, generators, progress,
+               image_dir: Path) -> None:
     for request in pending:
-        record = run_item(generator, request)
+        record = run_item(generators, request, image_dir)
         writer.write(record)
         summary.add(request, record)
         progress.set_postfix(ok=summary.ok, error=summary.error, refresh=False)
@@ -317,19 +372,21 @@ def _run_local(pending: list[Request], writer: ResultWriter, summary: Summary, g
 
 
 def _run_ray(pending: list[Request], writer: ResultWriter, summary: Summary, model, draft, threads, workers,
-             progress) -> None:
+             progress, image_dir: Path, image_model=None, image_vq=None) -> None:
     import ray
 
     started_here = not ray.is_initialized()
     ray.init(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     try:
-        _schedule_ray(ray, pending, writer, summary, model, draft, threads, workers, progress)
+        _schedule_ray(ray, pending, writer, summary, model, draft, threads, workers, progress, image_dir, image_model,
+                      image_vq)
     finally:
         if started_here:
             ray.shutdown()
 
 
-def _schedule_ray(ray, pending, writer, summary, model, draft, threads, workers, progress) -> None:
+def _schedule_ray(ray, pending, writer, summary, model, draft, threads, workers, progress, image_dir, image_model,
+                  image_vq) -> None:
     runnable = [r for r in pending if r.modality in RUNNABLE]
     for request in pending:  # nothing to schedule for modalities this version does not generate
         if request.modality not in RUNNABLE:
@@ -343,12 +400,11 @@ def _schedule_ray(ray, pending, writer, summary, model, draft, threads, workers,
     @ray.remote(num_cpus=threads)
     class Worker:
         def __init__(self):
-            from specgen.modalities.text.generator import TextGenerator
-
-            self.generator = TextGenerator(model, draft, threads=threads)
+            self.generators = Generators(model=model, draft=draft, threads=threads, image_model=image_model,
+                                         image_vq=image_vq)
 
         def run(self, request):
-            return run_item(self.generator, request)
+            return run_item(self.generators, request, image_dir)
 
     count = max(1, min(workers, len(runnable)))
     actors = [Worker.remote() for _ in range(count)]
@@ -375,7 +431,8 @@ def _schedule_ray(ray, pending, writer, summary, model, draft, threads, workers,
 
 def run_batch(input_path, output_path, *, engine: str = "local", model: str | None = None,
               draft: str | None = None, threads: int = 1, generator=None, workers: int | None = None,
-              progress: bool = True) -> dict:
+              progress: bool = True, image_generator=None, image_model: str | None = None,
+              image_vq: str | None = None) -> dict:
     """Validate IN, skip ids already in OUT, run the rest, and return the summary dict."""
     input_path, output_path = Path(input_path), Path(output_path)
     if engine not in ("local", "ray"):
@@ -397,16 +454,13 @@ def run_batch(input_path, output_path, *, engine: str = "local", model: str | No
     pending = [r for r in requests if r.key not in done]
     summary = Summary(items=len(requests), skipped=len(requests) - len(pending))
 
-    def load_generator():
-        if generator is not None:
-            return generator
-        from specgen.modalities.text.generator import TextGenerator
-
-        return TextGenerator(model, draft, threads=threads)
-
+    generators = Generators(generator, model=model, draft=draft, threads=threads, image=image_generator,
+                            image_model=image_model, image_vq=image_vq)
+    image_dir = output_path.with_name(output_path.stem + "-images")
     started = time.perf_counter()
-    if engine == "local" and any(r.modality in RUNNABLE for r in pending):
-        generator = load_generator()  # a model that cannot load fails the run before anything is written
+    if engine == "local":
+        for modality in sorted({r.modality for r in pending if r.modality in RUNNABLE}):
+            generators.get(modality)  # a model that cannot load fails the run before anything is written
     summary.load_s = time.perf_counter() - started
     if summary.skipped:
         print(f"batch: {summary.skipped} of {len(requests)} items already in {output_path}, skipping them",
@@ -416,9 +470,9 @@ def run_batch(input_path, output_path, *, engine: str = "local", model: str | No
     try:
         if engine == "ray":
             _run_ray(pending, writer, summary, model, draft, threads,
-                     workers or max(1, (os.cpu_count() or 1) // max(threads, 1)), bar)
+                     workers or max(1, (os.cpu_count() or 1) // max(threads, 1)), bar, image_dir, image_model, image_vq)
         else:
-            _run_local(pending, writer, summary, generator, bar)
+            _run_local(pending, writer, summary, generators, bar, image_dir)
     finally:
         bar.close()
         writer.close()
@@ -428,7 +482,8 @@ def run_batch(input_path, output_path, *, engine: str = "local", model: str | No
 def batch_command(args) -> int:
     """The `specgen batch` handler: the summary table on stderr, `--json` puts the summary on stdout."""
     summary = run_batch(args.input, args.output, engine=args.engine, model=getattr(args, "model", None),
-                        draft=getattr(args, "draft", None), threads=args.threads)
+                        draft=getattr(args, "draft", None), threads=args.threads,
+                        image_model=getattr(args, "image_model", None), image_vq=getattr(args, "image_vq", None))
     print(summary_table(summary), file=sys.stderr)
     if getattr(args, "json", False):
         print(json.dumps(summary))

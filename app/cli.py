@@ -244,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--engine", choices=("local", "ray"), default="local", help="default: local")
     batch.add_argument("--model", help="text target: a Hugging Face causal LM path or id available offline")
     batch.add_argument("--draft", help="text draft model path or id")
+    batch.add_argument("--image-model", metavar="DIR", help="image token model folder (default: the shipped one)")
+    batch.add_argument("--image-vq", metavar="DIR", help="image VQ tokenizer folder (default: the shipped one)")
     batch.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
 
     train = commands.add_parser("train", help="train a model (resumes from checkpoints)",

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tiny_models import save_tiny
+from tiny_models import save_tiny, save_tiny_image_model
 from specgen.app import batch as batch_module
 from specgen.app.cli import main
 from specgen.modalities.text.generator import TextGenerator
@@ -20,6 +20,11 @@ from specgen.modalities.text.generator import TextGenerator
 def pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     return save_tiny(root / "target", 0), save_tiny(root / "draft", 1, layers=1, hidden=16)
+
+
+@pytest.fixture(scope="module")
+def image_pair(tmp_path_factory):
+    return tuple(map(str, save_tiny_image_model(tmp_path_factory.mktemp("image"), num_codes=16, grid=4)))
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +41,9 @@ ITEMS = [
     {"id": "sampled", "modality": "text", "prompt": "ab", "seed": 3, "method": "draft",
      "params": {"temperature": 1.0, "top_p": 0.9, "num_samples": 2, "max_new_tokens": 8}},
     {"id": "plain", "modality": "text", "prompt": "x = (", "method": "ar", "params": {"max_new_tokens": 6}},
-    {"id": "image", "modality": "image", "class": 3},
+    {"id": "image", "modality": "image", "class": 3, "method": "mc-sjd", "seed": 2,
+     "params": {"window": 6, "temperature": 0.0}},
+    {"id": "bad/image", "modality": "image", "prompt": "purple Q"},
 ]
 
 
@@ -56,22 +63,31 @@ def run_cli(argv, capsys):
 
 
 @pytest.fixture(scope="module")
-def full_run(pair, tmp_path_factory):
+def full_run(pair, image_pair, tmp_path_factory):
     """One uninterrupted run through the command line (the reference for the resume tests)."""
     folder = tmp_path_factory.mktemp("full")
     source = write_jsonl(folder / "in.jsonl", ITEMS)
-    summary = batch_module.run_batch(source, folder / "out.jsonl", model=pair[0], draft=pair[1], progress=False)
+    summary = batch_module.run_batch(source, folder / "out.jsonl", model=pair[0], draft=pair[1], progress=False,
+                                     image_model=image_pair[0], image_vq=image_pair[1])
     return source, read_jsonl(folder / "out.jsonl"), summary
 
 
-def test_every_item_gets_one_line_and_failures_are_recorded(full_run, generator):
-    _, records, summary = full_run
+def test_every_item_gets_one_line_and_failures_are_recorded(full_run, generator, image_pair):
+    source, records, summary = full_run
     by_id = {r["id"]: r for r in records}
     assert [r["id"] for r in records] == [item["id"] for item in ITEMS]
     assert all(set(r) == {"id", "status", "result" if r["status"] == "ok" else "error", "stats"} for r in records)
-    assert {i for i, r in by_id.items() if r["status"] == "error"} == {"speech", "too-long", "image"}
+    assert {i for i, r in by_id.items() if r["status"] == "error"} == {"speech", "too-long", "bad/image"}
     assert "not available in this version" in by_id["speech"]["error"]
-    assert "not available in this version" in by_id["image"]["error"]
+    assert "unknown word" in by_id["bad/image"]["error"]
+    from PIL import Image
+
+    from specgen.modalities.image.generator import ImageGenerator
+
+    image = by_id["image"]["result"]
+    assert image["image"] == str(source.parent / "out-images" / "image.png") and Image.open(image["image"]).size == (16, 16)
+    greedy = ImageGenerator(*image_pair).generate("3", method="ar", temperature=0)
+    assert image["tokens"] == greedy.tokens[0] and by_id["image"]["stats"]["method"] == "mc-sjd"
     assert "max_new_tokens" in by_id["too-long"]["error"]
     alone = generator.generate("abc abc (x", method="draft", max_new_tokens=12)
     assert by_id["greedy"]["result"] == {"text": alone.text, "tokens": alone.tokens}
@@ -80,24 +96,30 @@ def test_every_item_gets_one_line_and_failures_are_recorded(full_run, generator)
     sampled = generator.generate("ab", method="draft", temperature=1.0, top_p=0.9, num_samples=2, seed=3,
                                  max_new_tokens=8)
     assert by_id["sampled"]["result"] == {"samples": sampled.samples}
-    assert (summary["ok"], summary["error"], summary["skipped"]) == (4, 3, 0)
+    assert (summary["ok"], summary["error"], summary["skipped"]) == (5, 3, 0)
     assert summary["tokens"] == sum(r["stats"]["committed"] for r in records if r["status"] == "ok")
     assert summary["mean_tau"] > 0 and summary["tokens_per_s"] > 0
 
 
-def test_resume_after_a_kill_loses_nothing_and_repeats_nothing(full_run, pair, tmp_path, capsys):
+def test_resume_after_a_kill_loses_nothing_and_repeats_nothing(full_run, pair, image_pair, tmp_path, capsys):
     source, reference, _ = full_run
     out = tmp_path / "out.jsonl"
     lines = [json.dumps(r) for r in reference]
     # killed while writing the fourth line: three complete lines and part of the next one
     out.write_text("\n".join(lines[:3]) + "\n" + lines[3][: len(lines[3]) // 2])
+    images = ["--image-model", image_pair[0], "--image-vq", image_pair[1]]
     code, stdout, err = run_cli(["batch", "--input", str(source), "--output", str(out), "--model", pair[0],
-                                 "--draft", pair[1], "--json"], capsys)
+                                 "--draft", pair[1], "--json", *images], capsys)
     assert code == 0, err
     records = read_jsonl(out)
     assert sorted(map(str, (r["id"] for r in records))) == sorted(str(item["id"]) for item in ITEMS)
-    strip = [{k: v for k, v in r.items() if k != "stats"} for r in records]
-    expected = [{k: v for k, v in r.items() if k != "stats"} for r in reference]
+    def strip(record):  # timings differ between runs, and images are written beside each run's output
+        record = {k: v for k, v in record.items() if k != "stats"}
+        if "image" in record.get("result", {}):
+            record["result"] = {**record["result"], "image": record["result"]["image"].rsplit("/", 1)[-1]}
+        return record
+
+    strip, expected = [strip(r) for r in records], [strip(r) for r in reference]
     assert strip[:3] == expected[:3]  # untouched
     assert sorted(strip, key=lambda r: str(r["id"])) == sorted(expected, key=lambda r: str(r["id"]))
     summary = json.loads(stdout)  # stdout holds only the JSON summary
@@ -106,7 +128,7 @@ def test_resume_after_a_kill_loses_nothing_and_repeats_nothing(full_run, pair, t
     assert "mean tau" in err and "tokens/s" in err  # the summary table
     # a second rerun has nothing left to do
     code, stdout, err = run_cli(["batch", "--input", str(source), "--output", str(out), "--model", pair[0],
-                                 "--draft", pair[1], "--json"], capsys)
+                                 "--draft", pair[1], "--json", *images], capsys)
     assert code == 0 and json.loads(stdout)["ran"] == 0 and len(read_jsonl(out)) == len(ITEMS)
 
 
@@ -116,9 +138,9 @@ def test_every_line_is_on_disk_as_soon_as_it_is_written(generator, tmp_path, mon
     seen = []
     real = batch_module.run_item
 
-    def spy(gen, request):  # before each item runs, every earlier result is already in the file
+    def spy(gen, request, *rest):  # before each item runs, every earlier result is already in the file
         seen.append(len(out.read_text().splitlines()))
-        return real(gen, request)
+        return real(gen, request, *rest)
 
     monkeypatch.setattr(batch_module, "run_item", spy)
     batch_module.run_batch(source, out, generator=generator, progress=False)
