@@ -14,10 +14,11 @@ import torch
 from specgen.samplers.acceptance import ChainRejection, GreedyMatch, TreeRejection
 from specgen.samplers.chisquare import goodness_of_fit
 from specgen.samplers.loop import generate
-from specgen.samplers.oracle import chain_proposals, exact_output, max_abs_diff, target_joint, tree_proposals
+from specgen.samplers.oracle import (chain_proposals, exact_output, jacobi_output, max_abs_diff, target_joint,
+                                     tree_proposals)
 from specgen.samplers.policies import FixedLength
 from specgen.samplers.processing import Processing
-from specgen.samplers.toy import TableDrafter, TableLM, TableTarget
+from specgen.samplers.toy import GuidedTableLM, TableDrafter, TableLM, TableTarget
 
 EXACT_TOLERANCE = 1e-9
 P_VALUE_FLOOR = 1e-4
@@ -46,6 +47,14 @@ def run_selfcheck(seed: int = 0) -> dict:
               lambda p: tree_proposals(draft_law, p, (2, 1), "without_replacement"),
               expected=target_joint(target, plain, prompt, 2), length=2),  # trees multiply the enumeration
     ]
+    guided = GuidedTableLM(TableLM(3, order=2, seed=3000 + seed, scale=0.5), prompt, (0, 0), 3.0)
+    top2 = Processing(top_k=2)
+    for coupling, label in (("independent", "SJD"), ("maximal", "MC-SJD")):
+        started = time.perf_counter()
+        out = jacobi_output(guided, top2, prompt, 4, window=3, coupling=coupling)
+        distance = max_abs_diff(out, target_joint(guided, top2, prompt, 4))
+        checks.append({"name": f"exact: Jacobi {label}, guidance + top-k", "ok": distance < EXACT_TOLERANCE,
+                       "max_abs_diff": distance, "seconds": time.perf_counter() - started})
     stale = exact("control: stale draft law is detected", ChainRejection(),
                   lambda p: chain_proposals(draft_law, p, 2, reported_law=lambda c: draft_law(c[:-1])))
     stale["ok"] = stale["max_abs_diff"] > 1e-3  # the control passes when the oracle catches the bias
