@@ -168,7 +168,7 @@ def build_image_tab(gr, image_models: ImageModels, *, concurrency_limit: int, co
             with gr.Column(scale=2):
                 with gr.Row():
                     output = gr.Image(label="Image", elem_id="image-output", interactive=False, type="pil",
-                                      height=280, width=280)
+                                      format="png", height=280, width=280)  # png: lossless, unlike the webp default
                     plot = gr.BarPlot(None, x="draft position", y="acceptance", y_lim=[0, 1],
                                       title="acceptance per window position", elem_id="image-acceptance",
                                       height=260)

@@ -133,29 +133,44 @@ def test_bad_inputs_show_an_error_message(client, kwargs, words):
         assert word in str(info.value)
 
 
-def test_concurrent_seeded_requests_equal_the_same_request_alone(app, generator):
+def test_twenty_concurrent_seeded_clients_equal_the_same_requests_alone(app, generator, image_generator):
+    """12 text and 8 image clients at once, each seeded: all finish without errors and without cross-talk."""
     results, errors = {}, []
 
-    def one(seed):
+    def one(kind, seed):
         client = Client(app, verbose=False)
         try:
-            results[seed] = client.predict(prompt="ab", method="draft", temperature=1.0, seed=seed,
-                                           max_new_tokens=16, compare=False, api_name="/generate_text")
+            if kind == "text":
+                results[kind, seed] = client.predict(prompt="ab", method="draft", temperature=1.0, seed=seed,
+                                                     max_new_tokens=16, compare=False, api_name="/generate_text")
+            else:
+                results[kind, seed] = client.predict(prompt="red K on blue", method="mc-sjd", window=6, seed=seed,
+                                                     temperature=1.0, compare=False, api_name="/generate_image")
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
         finally:
             client.close()
 
-    threads = [threading.Thread(target=one, args=(seed,)) for seed in range(8)]
+    jobs = [("text", seed) for seed in range(12)] + [("image", seed) for seed in range(8)]
+    threads = [threading.Thread(target=one, args=job) for job in jobs]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=120)
-    assert not errors and sorted(results) == list(range(8))
-    for seed, result in results.items():
-        alone = generator.generate("ab", method="draft", temperature=1.0, seed=seed, max_new_tokens=16)
-        assert _generated(result[0]) == alone.text and result[3]["committed"] == len(alone.tokens)
-    assert len({_generated(r[0]) for r in results.values()}) > 1  # the seeds matter
+        t.join(timeout=240)
+    assert not errors and sorted(results) == sorted(jobs)
+    for (kind, seed), result in results.items():
+        if kind == "text":
+            alone = generator.generate("ab", method="draft", temperature=1.0, seed=seed, max_new_tokens=16)
+            assert _generated(result[0]) == alone.text and result[3]["committed"] == len(alone.tokens)
+        else:
+            alone = image_generator.generate("red K on blue", method="mc-sjd", window=6, seed=seed, temperature=1.0)
+            assert result[3]["steps"] == alone.stats["steps"] and result[3]["committed"] == 16
+            from PIL import Image
+
+            shown = Image.open(result[0])
+            expected = alone.image.resize(shown.size, Image.NEAREST)
+            assert list(shown.convert("RGB").getdata()) == list(expected.convert("RGB").getdata())
+    assert len({_generated(r[0]) for k, r in results.items() if k[0] == "text"}) > 1  # the seeds matter
 
 
 def test_cancel_frees_the_model_slot(client):
