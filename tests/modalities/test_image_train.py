@@ -1,0 +1,93 @@
+"""Two-step smoke tests of the image trainer (vq, target, draft), resuming, and what it exports."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from specgen.errors import InvalidRequest, ModelNotFound
+from specgen.modalities.image.conditions import ImageVocab
+from specgen.modalities.image.models import load_image_lm, load_image_vocab
+from specgen.modalities.image.train import main
+from specgen.modalities.image.vq import load_vq
+
+VQ_TINY = ["--batch-size", "2", "--eval-images", "3", "--eval-every", "1"]
+LM_TINY = ["--batch-size", "2", "--eval-images", "3", "--num-images", "12", "--eval-every", "1"]
+
+
+@pytest.fixture(scope="module")
+def trained_vq(tmp_path_factory):
+    """A VQ exported after two steps: good enough to make codes for the token-model smoke tests."""
+    base = tmp_path_factory.mktemp("vq")
+    assert main(["--role", "vq", "--steps", "2", "--run-dir", str(base / "run"), "--out", str(base / "out"),
+                 *VQ_TINY]) == 0
+    return base
+
+
+def test_vq_two_steps_exports_fp16(trained_vq):
+    out, run = trained_vq / "out", trained_vq / "run"
+    config = json.loads((out / "config.json").read_text())
+    assert config["_class_name"] == "VQModel" and config["num_vq_embeddings"] == 512
+    summary = json.loads((out / "training.json").read_text())
+    assert summary["steps"] == 2 and math.isfinite(summary["final_train_loss"])
+    assert {"psnr_glyph", "psnr_digit", "psnr_photo", "eval_codes_used"} <= set(summary["eval"])
+    assert (run / "checkpoint.pt").exists() and (run / "metrics.jsonl").exists()
+    assert load_vq(out).dtype == torch.float32
+
+
+def test_vq_resumes_from_its_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    main(["--role", "vq", "--steps", "2", "--run-dir", str(run), *VQ_TINY])
+    main(["--role", "vq", "--steps", "3", "--run-dir", str(run), *VQ_TINY])
+    summary = json.loads((run / "training.json").read_text())
+    assert summary["steps"] == 3 and summary["resumed_from_steps"] == [2]
+    steps = [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    assert steps == [2, 3]  # logged at the end of each run; nothing redone twice
+    with pytest.raises(InvalidRequest, match="different settings"):
+        main(["--role", "vq", "--steps", "4", "--run-dir", str(run), *VQ_TINY[:1], "3", *VQ_TINY[2:]])
+
+
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_token_model_two_steps_then_resume(role, trained_vq, tmp_path):
+    run, out = tmp_path / "run", tmp_path / "out"
+    common = ["--role", role, "--run-dir", str(run), "--vq", str(trained_vq / "out"), *LM_TINY]
+    assert main([*common, "--steps", "2"]) == 0
+    assert (run / "tokens.npz").exists()
+    assert main([*common, "--steps", "3", "--out", str(out)]) == 0
+    summary = json.loads((out / "training.json").read_text())
+    assert summary["steps"] == 3 and summary["resumed_from_steps"] == [2]
+    assert math.isfinite(summary["eval"]["eval_loss"])
+    vocab = load_image_vocab(out)
+    assert isinstance(vocab, ImageVocab) and vocab.num_codes == 512
+    config = json.loads((out / "config.json").read_text())
+    assert config["dtype"] == "float16" and config["vocab_size"] == vocab.vocab_size
+    model = load_image_lm(out)
+    ids = torch.cat([vocab.prompt_ids("red K on blue"), torch.zeros(4, dtype=torch.long)])[None]
+    assert model(input_ids=ids).logits.shape == (1, len(ids[0]), vocab.vocab_size)
+
+
+def test_token_model_needs_a_vq(tmp_path):
+    with pytest.raises(ModelNotFound, match="VQ"):
+        main(["--role", "draft", "--steps", "1", "--run-dir", str(tmp_path), "--vq", str(tmp_path / "none"),
+              *LM_TINY])
+    with pytest.raises(ModelNotFound):
+        load_image_lm(tmp_path / "none")
+
+
+def test_reference_sampler_gives_image_codes(trained_vq, tmp_path):
+    from specgen.modalities.image.models import sample_codes
+
+    out = tmp_path / "draft"
+    main(["--role", "draft", "--steps", "1", "--run-dir", str(tmp_path / "run"), "--vq", str(trained_vq / "out"),
+          "--out", str(out), *LM_TINY])
+    model, vocab = load_image_lm(out), load_image_vocab(out)
+    g = torch.Generator().manual_seed(0)
+    codes = sample_codes(model, vocab, ["K", "photo of cat"], top_k=20, guidance=2.0, generator=g)
+    assert codes.shape == (2, 16, 16) and codes.dtype == torch.int64
+    assert codes.min() >= 0 and codes.max() < vocab.num_codes
+    g.manual_seed(0)
+    again = sample_codes(model, vocab, ["K", "photo of cat"], top_k=20, guidance=2.0, generator=g)
+    assert torch.equal(codes, again)
