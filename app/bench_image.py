@@ -16,43 +16,19 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-from specgen.app.bench_text import (_cpu_model, _load, benchmarks_dir, bootstrap_median_ci, source_state)
-from specgen.app.jsonl import read_objects
+from specgen.app.bench_text import (Prompt, _cpu_model, _load, benchmarks_dir, bootstrap_median_ci, load_prompts,
+                                    source_state)
 from specgen.errors import InvalidRequest
 from specgen.samplers.registry import get_method, method_names
 
 WINDOWS = (2, 4, 8, 16, 32, 64)
 WINDOW_REPEATS = 5  # timing repeats of one window forward (median)
 DEFAULT_METHODS = ("ar", "sjd", "mc-sjd", "gumbel-sjd")
-
-
-@dataclass(frozen=True)
-class ImagePrompt:
-    id: str
-    category: str
-    prompt: str
-
-
-def load_image_prompts(path: Path) -> list[ImagePrompt]:
-    """JSON Lines of {"id", "category", "prompt"} or {"id", "category", "class"}."""
-    prompts, seen = [], set()
-    for number, item in read_objects(path, "prompts file"):
-        text = item.get("prompt", item.get("class"))
-        if not isinstance(item.get("id"), str) or not isinstance(text, str) or not text.strip():
-            raise InvalidRequest(f"{path} line {number}: needs a string 'id' and a 'prompt' or 'class'")
-        if item["id"] in seen:
-            raise InvalidRequest(f"{path} line {number}: duplicate id {item['id']!r}")
-        seen.add(item["id"])
-        prompts.append(ImagePrompt(item["id"], str(item.get("category", "other")), text))
-    if not prompts:
-        raise InvalidRequest(f"prompts file {path} has no prompts")
-    return prompts
 
 
 def token_entropy(generator, prompt: str, tokens: list[int]) -> float:
@@ -81,7 +57,7 @@ def run_bench_image(*, prompts_path: Path | None = None, methods: list[str] | No
     from specgen.modalities.image.generator import ImageGenerator
 
     prompts_path = prompts_path or benchmarks_dir() / "prompts" / "image.jsonl"
-    prompts = load_image_prompts(prompts_path)
+    prompts = load_prompts(prompts_path, classes=True)
     methods = list(methods or [m for m in DEFAULT_METHODS if m in method_names("image")])
     if "ar" not in methods:
         methods.insert(0, "ar")  # the baseline of every ratio
@@ -134,7 +110,7 @@ def _median_window_s(generator, prompt: str, window: int) -> float:
     return generator.measure_window_s(prompt, window, repeats=WINDOW_REPEATS)
 
 
-def _record(prompt: ImagePrompt, repeat: int, method: str, window: int, result, ar) -> dict:
+def _record(prompt: Prompt, repeat: int, method: str, window: int, result, ar) -> dict:
     stats = result.stats
     return {"prompt": prompt.id, "category": prompt.category, "repeat": repeat, "method": method, "window": window,
             "steps": stats["steps"], "wall_s": stats["wall_s"], "tau": stats["tau"],

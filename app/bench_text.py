@@ -70,12 +70,14 @@ class Prompt:
     prompt: str
 
 
-def load_prompts(path: Path) -> list[Prompt]:
-    """JSON Lines of {"id", "category", "prompt"}; any problem is an InvalidRequest naming the line."""
+def load_prompts(path: Path, classes: bool = False) -> list[Prompt]:
+    """JSON Lines of {"id", "category", "prompt"} (with classes=True, "class" may stand for "prompt", as for
+    class-conditional image models); any problem is an InvalidRequest naming the line."""
     prompts, seen = [], set()
     for number, item in read_objects(path, "prompts file"):
         where = f"{path} line {number}"
-        for key in ("id", "prompt"):
+        source = "class" if classes and "prompt" not in item and "class" in item else "prompt"
+        for key in ("id", source):
             if not isinstance(item.get(key), str) or not item[key].strip():
                 raise InvalidRequest(f"{where}: {key!r} must be a non-empty string")
         category = item.get("category", "")
@@ -84,7 +86,7 @@ def load_prompts(path: Path) -> list[Prompt]:
         if item["id"] in seen:
             raise InvalidRequest(f"{where}: id {item['id']!r} is used twice")
         seen.add(item["id"])
-        prompts.append(Prompt(item["id"], category or "-", item["prompt"]))
+        prompts.append(Prompt(item["id"], category or "-", item[source]))
     if not prompts:
         raise InvalidRequest(f"prompts file {path} holds no prompts")
     return prompts

@@ -272,25 +272,34 @@ def make_text_runner(text_models: TextModels, knobs: list):
         own = {knob.name for knob in spec.knobs}
         params = {knob.name: value for knob, value in zip(knobs, knob_values)
                   if knob.name in own and value is not None and value != ""}
-        try:
-            params = spec.resolve_knobs(params)
+        def body():
+            resolved = spec.resolve_knobs(params)
             generator = text_models.get()
-            yield from _stream_text(gr, generator, prompt, method, spec, compare, params,
+            yield from _stream_text(gr, generator, prompt, method, spec, compare, resolved,
                                     dict(temperature=temperature, top_p=top_p, seed=seed,
                                          max_new_tokens=max_new_tokens))
-        except SpecgenError as exc:
-            raise gr.Error(str(exc)) from None
-        except gr.Error:
-            raise
-        except Exception as exc:  # noqa: BLE001 - shown in the UI, logged with its traceback
-            log.exception("text generation failed")
-            raise gr.Error(f"generation failed: {type(exc).__name__}: {exc}") from None
+
+        yield from shown_in_ui(gr, "text", body())
 
     # Name the knob parameters after the knobs, so API clients can pass them by keyword.
     fixed = list(inspect.signature(run_text).parameters.values())[:-1]
     run_text.__signature__ = inspect.Signature(
         fixed + [inspect.Parameter(k.name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for k in knobs])
     return run_text
+
+
+def shown_in_ui(gr, what: str, updates):
+    """Stream a run's updates; any failure becomes one error message in the UI (unexpected ones are logged
+    with their traceback), never a crash."""
+    try:
+        yield from updates
+    except SpecgenError as exc:
+        raise gr.Error(str(exc)) from None
+    except gr.Error:
+        raise
+    except Exception as exc:  # noqa: BLE001 - shown in the UI, logged with its traceback
+        log.exception("%s generation failed", what)
+        raise gr.Error(f"generation failed: {type(exc).__name__}: {exc}") from None
 
 
 def _jsonable(stats: dict) -> dict:

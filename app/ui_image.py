@@ -4,13 +4,9 @@ plain decoding of the same request (measured speedup next to the one the measure
 
 from __future__ import annotations
 
-import logging
-
 from specgen.app.ui_models import LazyGenerator
-from specgen.errors import SpecgenError
 from specgen.samplers import registry
 
-log = logging.getLogger("specgen.app.ui")
 DISPLAY_SCALE = 4  # 64x64 images are shown at 256x256 (nearest neighbour)
 MAX_TOP_K = 100_000
 MAX_GUIDANCE = 20.0
@@ -57,7 +53,8 @@ def partial_image(generator, tokens: list[int]):
 def make_image_runner(image_models: ImageModels):
     import gradio as gr
 
-    from specgen.app.ui import LiveStats, _check_number, _jsonable, _timed, acceptance_frame, stats_markdown
+    from specgen.app.ui import (LiveStats, _check_number, _jsonable, _timed, acceptance_frame, shown_in_ui,
+                                stats_markdown)
 
     def run_image(prompt, method, compare, window, init, temperature, top_k, guidance, seed):
         if not isinstance(prompt, str) or not prompt.strip():
@@ -72,19 +69,14 @@ def make_image_runner(image_models: ImageModels):
         params = {}
         if spec.drafter is not None:
             params = {"window": _check_number(gr, "window", window, 2, 256, integer=True), "init": init or "random"}
-        try:
+        def body():
             generator = image_models.get()
             spec.resolve_knobs(params)
             generator.vocab.prompt_ids(prompt.strip())
             options = dict(temperature=temperature, top_k=top_k, guidance_scale=guidance, seed=seed)
             yield from _stream_image(generator, prompt.strip(), method, spec, compare, params, options)
-        except SpecgenError as exc:
-            raise gr.Error(str(exc)) from None
-        except gr.Error:
-            raise
-        except Exception as exc:  # noqa: BLE001 - shown in the UI, logged with its traceback
-            log.exception("image generation failed")
-            raise gr.Error(f"generation failed: {type(exc).__name__}: {exc}") from None
+
+        yield from shown_in_ui(gr, "image", body())
 
     def _stream_image(generator, prompt, method, spec, compare, params, options):
         from specgen.samplers.stats import SpecStats

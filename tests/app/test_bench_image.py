@@ -7,7 +7,8 @@ import pytest
 from PIL import Image
 from tiny_models import save_tiny_image_model
 
-from specgen.app.bench_image import load_image_prompts, run_bench_image, write_outputs
+from specgen.app.bench_image import run_bench_image, write_outputs
+from specgen.app.bench_text import load_prompts
 from specgen.errors import InvalidRequest
 from specgen.modalities.image.generator import ImageGenerator
 
@@ -43,4 +44,4 @@ def test_bad_prompt_files_are_rejected(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "category": "glyph"}\n')
     with pytest.raises(InvalidRequest, match="line 1"):
-        load_image_prompts(bad)
+        load_prompts(bad, classes=True)
