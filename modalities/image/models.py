@@ -24,7 +24,7 @@ MAX_POSITIONS = 512  # >= prefix + 2 + 256
 
 def assets_dir() -> Path:
     """The shipped image models (`SPECGEN_ASSETS` overrides the assets folder, as for text)."""
-    from specgen.modalities.text.generator import assets_dir as root
+    from specgen.modalities.assets import assets_dir as root
 
     return root() / "image"
 

@@ -16,6 +16,7 @@ from typing import Iterator
 import torch
 
 from specgen.errors import InvalidRequest, ModelNotFound, VocabularyMismatch
+from specgen.modalities.assets import assets_dir
 from specgen.modalities.model_drafter import ModelDrafter
 from specgen.modalities.text.ngram import PromptLookupDrafter
 from specgen.modalities.transformers_adapter import TransformersTarget
@@ -26,11 +27,6 @@ from specgen.samplers.processing import Processing
 from specgen.samplers.registry import get_method
 from specgen.samplers.stats import SpecStats
 from specgen.samplers.types import StepEvent
-
-
-def assets_dir() -> Path:
-    """The shipped checkpoints (`SPECGEN_ASSETS` overrides; the default is the source checkout's assets/)."""
-    return Path(os.environ.get("SPECGEN_ASSETS", Path(__file__).resolve().parents[2] / "assets"))
 
 
 def default_models() -> tuple[str, str]:
