@@ -14,7 +14,8 @@ new draft relates to the old one is the coupling:
 
 Every coupling keeps each new draft distributed as the current target law, which is all exactness needs.
 Empty slots (the window's new tail) are filled by `init`: "random" (uniform over the allowed tokens, law
-uniform) or "left" (a copy of the previous token, law one-hot). Rows are ragged and never synchronised.
+uniform) or "left" (a copy of the previous token, law one-hot; uniform where the previous token may not be
+drafted, e.g. the prompt's last token). Rows are ragged and never synchronised.
 """
 
 from __future__ import annotations
@@ -86,12 +87,15 @@ class JacobiDrafter:
         return Draft(tokens, laws)
 
     def _initial(self, ctx: DecodeContext, starts, slot, previous):
-        if self.init == "left":
-            return previous, torch.zeros(len(previous), self.vocab_size, dtype=torch.float64).scatter_(
-                -1, previous[:, None], 1.0)
         uniform = counter_uniform(ctx.seed, ctx.sample_ids, starts + slot, Purpose.JACOBI_INIT, starts)
         law = self.init_law.expand(len(previous), -1)
-        return kernels.sample_categorical(law, uniform), law
+        token = kernels.sample_categorical(law, uniform)
+        if self.init == "left":  # copy the previous token where it may be drafted (not e.g. a prompt token)
+            copy = (previous >= 0) & (previous < self.vocab_size)
+            copy &= self.init_law[previous.clamp(0, self.vocab_size - 1)] > 0
+            one_hot = torch.zeros_like(law).scatter_(-1, previous.clamp(0, self.vocab_size - 1)[:, None], 1.0)
+            token, law = torch.where(copy, previous, token), torch.where(copy[:, None], one_hot, law)
+        return token, law
 
     def observe(self, verdict: Verdict) -> None:
         if verdict.target_probs is None:

@@ -73,16 +73,19 @@ def verify_step(target: TargetModel, rule: AcceptanceRule, proposal: Draft | Dra
         if bool((proposal.tokens[:, 0] != pending).any()):
             raise InvalidRequest("a DraftTree's root must be the row's last committed token")
         tokens, positions, mask = proposal.tokens, start[:, None] + proposal.depths, proposal.ancestor_mask
+        drafted_tokens = tokens[:, 1:]
         noise = tree_noise(ctx.seed, ctx.sample_ids, start, proposal.depths, proposal.sibling_rank) if random else None
     else:
         drafted = torch.arange(proposal.length) < proposal.drafted()[:, None]  # ragged rows may pad with -1
+        drafted_tokens = proposal.tokens[drafted]
         tokens = torch.cat([pending[:, None], torch.where(drafted, proposal.tokens, pending[:, None])], 1)
         mask = None  # tokens: [rows, k + 1]
         positions = start[:, None] + torch.arange(tokens.shape[1])
         noise = chain_noise(ctx.seed, ctx.sample_ids, start, proposal.length) if random else None
     if tokens.shape[0] != len(ctx.tokens):
         raise InvalidRequest(f"the drafter proposed for {tokens.shape[0]} rows, expected {len(ctx.tokens)}")
-    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= target.vocab_size):
+    # only drafted tokens are checked: the pending token is committed and may be a prompt token of any id
+    if drafted_tokens.numel() and (int(drafted_tokens.min()) < 0 or int(drafted_tokens.max()) >= target.vocab_size):
         raise InvalidRequest(f"a drafted token id is outside the target vocabulary [0, {target.vocab_size})")
     scores = target.score(tokens, positions, ctx.rows, mask)
     cond, uncond = scores if isinstance(scores, tuple) else (scores, None)

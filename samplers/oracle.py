@@ -187,8 +187,8 @@ def jacobi_output(lm, processing, prompt, horizon, *, window: int, coupling: str
         if len(drafts) >= k:
             yield 1.0, list(drafts[:k])
             return
-        if init == "left":
-            token = drafts[-1][0] if drafts else prefix[-1]
+        token = drafts[-1][0] if drafts else prefix[-1]
+        if init == "left" and 0 <= token < vocab and init_law[token] > 0:  # else drawn like "random"
             yield from fills(prefix, list(drafts) + [(token, torch.zeros(vocab, dtype=torch.float64).index_fill_(0, torch.tensor(token), 1.0))], k)
             return
         for token in (init_law > 0).nonzero().flatten().tolist():

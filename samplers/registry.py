@@ -128,6 +128,31 @@ register(MethodSpec("ngram", "text", True,
                     "prompt lookup: copy the continuation of the latest matching n-gram; point-mass drafts",
                     drafter="ngram", rule="chain", policy="fixed", paper="Saxena 2023 (prompt lookup decoding)",
                     knobs=(NUM_DRAFT_TOKENS, NGRAM_SIZE, LENGTH_SCHEDULE)))
+TREE_BUDGET = Knob("tree_budget", int, 16, "drafted tree nodes per step (the root excluded)", 1, 256)
+TREE_DEPTH = Knob("max_depth", int, 6, "deepest drafted node (also the loop's draft length)", 1, 64)
+register(MethodSpec("sequoia", "text", True,
+                    "a static draft tree (Sequoia's dynamic program over an acceptance-by-rank vector, or a named "
+                    "shape); children drawn without replacement, verified by the without-replacement tree rule "
+                    "(the deterministic rule at temperature 0)", drafter="tree-static", rule="tree",
+                    paper="Chen et al. 2024, Sequoia (arXiv 2402.12374)",
+                    knobs=(TREE_BUDGET, TREE_DEPTH,
+                           Knob("shape", str, "dp", "'dp' (Sequoia's optimal tree for accept_probs), 'eagle' or "
+                                "'medusa' (the mc_sim_7b_63 trees), 'chain-N' or 'k-ary-WxD'"),
+                           Knob("accept_probs", str, "0.62,0.12,0.05,0.03,0.02,0.01",
+                                "P(the r-th drawn child is the accepted one), r = 1, 2, ... (comma-separated; "
+                                "`python -m specgen.app.calibrate` measures it)"))))
+register(MethodSpec("dyspec", "text", True,
+                    "a dynamic draft tree grown best-first by draft path probability under a node budget; children "
+                    "drawn without replacement, verified by the without-replacement tree rule (deterministic at "
+                    "temperature 0)", drafter="tree-dyspec", rule="tree",
+                    paper="Xiong et al. 2024, DySpec (arXiv 2410.11744)",
+                    knobs=(TREE_BUDGET, Knob("max_depth", int, 8, TREE_DEPTH.help, 1, 64))))
+register(MethodSpec("eagle2", "text", True,
+                    "EAGLE-2's dynamic tree from a draft model: top-k expansion per depth, global re-ranking to the "
+                    "node budget; candidates verified by the deterministic tree rule (as EAGLE does)",
+                    drafter="tree-eagle2", rule="tree", paper="Li et al. 2024, EAGLE-2 (arXiv 2406.16858)",
+                    knobs=(TREE_BUDGET, Knob("top_k", int, 4, "candidates per expanded node and frontier width", 1, 32),
+                           Knob("depth", int, 5, "expansion rounds (deepest node)", 1, 32))))
 
 
 # ---- image ------------------------------------------------------------------------------------
