@@ -138,9 +138,9 @@ register(MethodSpec("sequoia", "text", True,
                     knobs=(TREE_BUDGET, TREE_DEPTH,
                            Knob("shape", str, "dp", "'dp' (Sequoia's optimal tree for accept_probs), 'eagle' or "
                                 "'medusa' (the mc_sim_7b_63 trees), 'chain-N' or 'k-ary-WxD'"),
-                           Knob("accept_probs", str, "0.62,0.12,0.05,0.03,0.02,0.01",
-                                "P(the r-th drawn child is the accepted one), r = 1, 2, ... (comma-separated; "
-                                "`python -m specgen.app.calibrate` measures it)"))))
+                           Knob("accept_probs", str, "0.68,0.16,0.035,0.013,0.0065,0.0043",
+                                "P(the r-th drawn child is the accepted one), r = 1, 2, ... (comma-separated; the default "
+                                "was measured on the shipped code pair by `python -m specgen.app.calibrate`)"))))
 register(MethodSpec("dyspec", "text", True,
                     "a dynamic draft tree grown best-first by draft path probability under a node budget; children "
                     "drawn without replacement, verified by the without-replacement tree rule (deterministic at "

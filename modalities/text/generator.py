@@ -114,10 +114,15 @@ class TextGenerator:
             raise InvalidRequest(f"max_new_tokens must be between 1 and {capacity - len(prompt_ids)} for this prompt "
                                  f"({len(prompt_ids)} tokens, context {capacity}), got {max_new_tokens}")
         drafter = self._drafter(spec.drafter, knobs, processing)
-        policy = make_policy(knobs.get("length_schedule", "fixed"), knobs.get("num_draft_tokens", 0))
+        if spec.rule == "tree":  # the loop's draft length caps the tree's depth
+            policy = make_policy("fixed", knobs.get("max_depth", knobs.get("depth", 0)))
+        else:
+            policy = make_policy(knobs.get("length_schedule", "fixed"), knobs.get("num_draft_tokens", 0))
         eos = self.tokenizer.eos_token_id
+        rule = make_rule(spec.rule, processing, siblings=getattr(drafter, "siblings", "without_replacement"))
         yield from speculative_generate(
-            TransformersTarget(self.model), drafter, make_rule(spec.rule, processing), [prompt_ids] * num_samples,
+            TransformersTarget(self.model, capacity + getattr(drafter, "max_nodes", 0)), drafter, rule,
+            [prompt_ids] * num_samples,
             processing=processing, max_new_tokens=max_new_tokens, policy=policy, seed=seed,
             stop_tokens=() if eos is None else (eos,), stats=stats)
 
@@ -154,4 +159,8 @@ class TextGenerator:
             return ModelDrafter(self.draft_model, processing, target_vocab_size=self.model.config.vocab_size)
         if kind == "ngram":
             return PromptLookupDrafter(knobs["max_matching_ngram_size"])
+        if kind is not None and kind.startswith("tree-"):
+            from specgen.modalities.tree_drafter import tree_drafter
+
+            return tree_drafter(kind, self.draft_model, processing, knobs, target_vocab_size=self.model.config.vocab_size)
         raise InvalidRequest(f"unknown drafter {kind!r}")

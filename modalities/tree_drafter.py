@@ -1,0 +1,243 @@
+"""Draft trees from any transformers draft model: static shapes (Sequoia's DP, EAGLE/Medusa trees), DySpec's
+best-first expansion and EAGLE-2's expand-and-rerank, all built by the row-wise builders of
+`specgen.samplers.trees` and batched over rows.
+
+The drafter keeps a position-indexed cache of the committed context (the pending token included, fed at the
+catch-up, so the root's law comes with it). Each later round scores every non-root node of every row's tree so
+far in one forward with the ancestor mask (nodes attend to the cached context and to their ancestors) and
+commits nothing: the next round and the next step overwrite those slots. Rows that need no law this round sit
+the forward out; rows whose trees end up smaller than the others' are padded with harmless nodes.
+
+Children are drawn as the verification rule requires:
+- temperature > 0, static and DySpec: without replacement from the draft law (Gumbel-top-k with counter-based
+  noise keyed by sample, position and the node's token path, so every node has its own independent draws);
+  the DraftTree stores each node's law; verify with TreeRejection("without_replacement").
+- temperature 0, and EAGLE-2 at any temperature: the draft's most probable tokens, ranked by its softmax at
+  temperature 1 (greedy processing would leave one candidate); verify with TreeRejection("deterministic"),
+  which at temperature 0 is greedy matching along the tree.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from specgen.errors import InvalidRequest
+from specgen.modalities.model_drafter import ModelDrafter
+from specgen.samplers import trees
+from specgen.samplers.processing import Processing
+from specgen.samplers.types import DecodeContext, DraftTree
+
+CONSTRUCTIONS = ("static", "dyspec", "eagle2")
+class TreeDrafter(ModelDrafter):
+    """construction: 'static' (shape: a parent array), 'dyspec' (budget, max_depth) or 'eagle2' (budget, top_k,
+    depth). `budget` counts drafted nodes (the root excluded)."""
+
+    def __init__(self, model, processing: Processing, *, construction: str = "static", shape: Sequence[int] | None = None,
+                 budget: int = 16, max_depth: int | None = None, top_k: int = 4, depth: int = 5,
+                 target_vocab_size: int | None = None, capacity: int | None = None):
+        # trees occupy cache slots beyond their positions: leave room for the widest scored tree after a full context
+        slack = 2 * (budget + top_k * depth + (len(shape) if shape is not None else 0) + 1)
+        capacity = capacity or getattr(model.config, "max_position_embeddings", 2048) + slack
+        super().__init__(model, processing, target_vocab_size=target_vocab_size, capacity=capacity)
+        if construction not in CONSTRUCTIONS:
+            raise InvalidRequest(f"unknown tree construction {construction!r}; choose from {', '.join(CONSTRUCTIONS)}")
+        if construction == "static" and shape is None:
+            raise InvalidRequest("a static tree needs a shape (parent array)")
+        if budget < 1:
+            raise InvalidRequest(f"tree budget must be >= 1, got {budget}")
+        self.construction, self.budget, self.max_depth, self.top_k, self.depth = (
+            construction, budget, max_depth, top_k, depth)
+        self.shape = None if shape is None else list(shape)
+        sampled = not processing.greedy and construction != "eagle2"
+        self.siblings = "without_replacement" if sampled else "deterministic"
+        # the law that ranks candidates: the draft's own processing when it samples, else its plain softmax
+        self.rank_processing = processing if not processing.greedy else Processing(temperature=1.0)
+
+    def propose(self, ctx: DecodeContext, budget: int) -> DraftTree:
+        rows = ctx.rows
+        if not self.cached or self.engine.cache is None or len(self.cached) <= int(rows.max()):
+            self._reset(int(rows.max()) + 1)
+        tokens, counts = self._catch_up(ctx)  # includes the pending token (the root)
+        start = ctx.next_positions[:, None] - counts[:, None] + torch.arange(tokens.shape[1])
+        logits = self.engine.score(tokens, start, rows)
+        self.forward_calls += 1
+        self.engine.commit(torch.arange(tokens.shape[1]) < counts[:, None], rows)
+        for i, row in enumerate(rows.tolist()):
+            self.cached[row] = ctx.tokens[i].tolist()
+        root_laws = self.rank_processing(logits[torch.arange(len(rows)), counts - 1])  # [rows, vocab]
+        builders = [self._builder(ctx, i, budget) for i in range(len(rows))]
+
+        def laws_for(requests):
+            out = [{} for _ in requests]
+            later = [i for i, r in enumerate(requests) if r and r != [0]]
+            for i, r in enumerate(requests):
+                if r == [0]:
+                    out[i][0] = root_laws[i]
+            if later:
+                laws = self._score_trees(ctx, [builders[i] for i in later], later, [requests[i] for i in later])
+                for j, i in enumerate(later):
+                    out[i] = laws[j]
+            return out
+
+        trees.run_builders(builders, laws_for)
+        return self._as_tree(builders)
+
+    def _builder(self, ctx: DecodeContext, i: int, budget: int) -> trees.TreeBuilder:
+        root_position = int(ctx.next_positions[i]) - 1
+        sample = int(ctx.sample_ids[i])
+        root = int(ctx.tokens[i][-1])
+        holder: list[trees.TreeBuilder] = []
+
+        def order(node: int, law: torch.Tensor, width: int) -> torch.Tensor:
+            return trees.keyed_order(holder[0], node, law, width, seed=ctx.seed, sample=sample,
+                                     root_position=root_position, siblings=self.siblings)
+
+        depth_cap = max(1, budget)
+        if self.construction == "static":
+            depths = trees.depths_of(self.shape)
+            keep = [n for n in range(len(self.shape)) if depths[n] <= depth_cap]
+            new = {old: i for i, old in enumerate(keep)}
+            shape = [-1] + [new[self.shape[n]] for n in keep[1:]]
+            builder = trees.StaticBuilder(root, order, shape)
+        elif self.construction == "dyspec":
+            max_depth = depth_cap if self.max_depth is None else min(self.max_depth, depth_cap)
+            builder = trees.DySpecBuilder(root, order, self.budget, max_depth)
+        else:
+            builder = trees.Eagle2Builder(root, order, self.budget, self.top_k, min(self.depth, depth_cap))
+        holder.append(builder)
+        return builder
+
+    @property
+    def max_nodes(self) -> int:
+        """The most nodes a proposed tree can have (the target needs that many free cache slots)."""
+        if self.construction == "static":
+            return len(self.shape)
+        return self.budget + 1 + (self.depth if self.construction == "eagle2" else 0)
+
+    def _score_trees(self, ctx: DecodeContext, builders: list[trees.TreeBuilder], index: list[int],
+                     requests: list[list[int]]) -> list[dict]:
+        """Laws at the requested nodes of the given rows' trees, from one forward over the requested nodes and
+        their ancestors (the root excluded: it is in the cache and every node sees it)."""
+        subsets = []
+        for b, wanted in zip(builders, requests):
+            needed = set()
+            for node in wanted:
+                while node > 0 and node not in needed:
+                    needed.add(node)
+                    node = b.parents[node]
+            subsets.append(sorted(needed))
+        width = max(len(s) for s in subsets)
+        tokens = torch.zeros(len(builders), width, dtype=torch.long)
+        parents = torch.zeros(len(builders), width + 1, dtype=torch.long)
+        parents[:, 0] = -1
+        for j, (b, subset) in enumerate(zip(builders, subsets)):
+            slot = {0: 0, **{node: i + 1 for i, node in enumerate(subset)}}
+            tokens[j, :len(subset)] = torch.tensor([b.tokens[n] for n in subset])
+            parents[j, 1:len(subset) + 1] = torch.tensor([slot[b.parents[n]] for n in subset])
+        mask = trees_ancestor_mask(parents)[:, 1:, 1:]
+        depths = mask.sum(-1)  # depth of each non-root node (>= 1); padding slots see only themselves
+        positions = (ctx.next_positions[index] - 1)[:, None] + depths
+        logits = self.engine.score(tokens, positions, ctx.rows[index], mask)
+        self.forward_calls += 1
+        laws = self.rank_processing(logits)
+        return [{node: laws[j, subset.index(node)] for node in wanted}
+                for j, (subset, wanted) in enumerate(zip(subsets, requests))]
+
+    def _as_tree(self, builders: list[trees.TreeBuilder]) -> DraftTree:
+        size = max(len(b.tokens) for b in builders)
+        vocab = self.engine.vocab_size
+        tokens = torch.zeros(len(builders), size, dtype=torch.long)
+        parents = torch.zeros(len(builders), size, dtype=torch.long)
+        probs = torch.zeros(len(builders), size, vocab) if self.siblings == "without_replacement" else None
+        for j, b in enumerate(builders):
+            row_tokens, row_parents = list(b.tokens), list(b.parents)
+            filler = row_tokens[1] if len(row_tokens) > 1 else row_tokens[0]
+            while len(row_tokens) < size:
+                # a repeat of the root's first child, tried last among the root's children: after that child
+                # was rejected it has draft and target probability 0, so it is never accepted
+                row_tokens.append(filler)
+                row_parents.append(0)
+            tokens[j] = torch.tensor(row_tokens)
+            parents[j] = torch.tensor(row_parents)
+            if probs is not None:
+                for node, law in enumerate(b.laws):
+                    if law is not None:
+                        probs[j, node] = law
+        return DraftTree(tokens, parents, probs)
+
+
+def trees_ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
+    from specgen.kernels import ancestor_mask
+
+    return ancestor_mask(parents)
+
+
+def parse_accept_probs(text: str) -> list[float]:
+    try:
+        probs = [float(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise InvalidRequest(f"accept_probs must be comma-separated numbers, got {text!r}") from None
+    if not probs or any(p < 0 for p in probs) or sum(probs) > 1 + 1e-9:
+        raise InvalidRequest(f"accept_probs must be non-negative numbers summing to at most 1, got {text!r}")
+    return probs
+
+
+def tree_shape(knobs: dict) -> list[int]:
+    """The static shape a `sequoia` request asks for: Sequoia's DP tree, or a named shape."""
+    if knobs.get("shape", "dp") == "dp":
+        return trees.sequoia_tree(parse_accept_probs(knobs["accept_probs"]), knobs["tree_budget"], knobs["max_depth"])
+    return trees.named_shape(knobs["shape"])
+
+
+def tree_drafter(kind: str, model, processing: Processing, knobs: dict, **options) -> TreeDrafter:
+    """The drafter of a registry drafter key ('tree-static', 'tree-dyspec', 'tree-eagle2') with its knobs."""
+    if kind == "tree-static":
+        shape = tree_shape(knobs)
+        return TreeDrafter(model, processing, construction="static", shape=shape, budget=len(shape) - 1, **options)
+    if kind == "tree-dyspec":
+        return TreeDrafter(model, processing, construction="dyspec", budget=knobs["tree_budget"],
+                           max_depth=knobs["max_depth"], **options)
+    if kind == "tree-eagle2":
+        return TreeDrafter(model, processing, construction="eagle2", budget=knobs["tree_budget"], top_k=knobs["top_k"],
+                           depth=knobs["depth"], **options)
+    raise InvalidRequest(f"unknown tree drafter {kind!r}")
+
+
+def acceptance_by_rank(target_model, draft_model, prompts: Sequence[torch.Tensor], *, width: int = 8,
+                       temperature: float = 0.0, max_new_tokens: int = 64, seed: int = 0) -> dict:
+    """Sequoia's calibration: decode with a one-level tree of `width` children (drawn without replacement, or the
+    draft's top candidates at temperature 0) and count at which sibling rank the accepted child sits.
+    Returns {"accept_probs": P(rank r accepted) for r = 1..width, "steps", "accepted_by_rank"}."""
+    from specgen.modalities.transformers_adapter import TransformersTarget
+    from specgen.samplers.acceptance import TreeRejection
+    from specgen.samplers.loop import speculative_generate
+    from specgen.samplers.policies import FixedLength
+
+    processing = Processing(temperature=temperature)
+    shape = [-1] + [0] * width
+    drafter = TreeDrafter(draft_model, processing, construction="static", shape=shape, budget=width,
+                          target_vocab_size=target_model.config.vocab_size)
+    counts, steps = [0] * width, [0]
+
+    class Recording(TreeRejection):
+        def __call__(self, tree, target_probs, noise):
+            verdict = super().__call__(tree, target_probs, noise)
+            if not isinstance(tree, DraftTree):  # the last step of a run drafts nothing
+                return verdict
+            ranks = tree.sibling_rank
+            for row, path in enumerate(verdict.accepted_path.tolist()):
+                steps[0] += 1
+                if len(path) > 1 and path[1] > 0:
+                    counts[int(ranks[row, path[1]])] += 1
+            return verdict
+
+    capacity = getattr(target_model.config, "max_position_embeddings", 2048)
+    for prompt in prompts:
+        target = TransformersTarget(target_model, capacity + width + 1)
+        for _ in speculative_generate(target, drafter, Recording(drafter.siblings), [prompt], processing=processing,
+                                      max_new_tokens=max_new_tokens, policy=FixedLength(1), seed=seed):
+            pass
+    total = max(steps[0], 1)
+    return {"accept_probs": [c / total for c in counts], "steps": steps[0], "accepted_by_rank": counts}

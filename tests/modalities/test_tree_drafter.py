@@ -1,0 +1,126 @@
+"""The model tree drafter (sequoia, dyspec, eagle2) on tiny random transformers pairs: the laws it stores are the
+draft's laws at each node's context, greedy output equals plain decoding token for token, sampling is
+reproducible, and sampled outputs follow the target's distribution (chi-square)."""
+
+import pytest
+import torch
+
+from tiny_models import save_tiny_pair
+from specgen.modalities.text.generator import TextGenerator, load_causal_lm
+from specgen.modalities.tree_drafter import TreeDrafter, parse_accept_probs, tree_drafter
+from specgen.errors import InvalidRequest
+from specgen.samplers import trees
+from specgen.samplers.chisquare import goodness_of_fit
+from specgen.samplers.oracle import target_joint
+from specgen.samplers.processing import Processing
+from specgen.samplers.registry import get_method
+from specgen.samplers.types import DecodeContext
+
+TREE_METHODS = ("sequoia", "dyspec", "eagle2")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return save_tiny_pair(tmp_path_factory.mktemp("tree-models"), wide=True)
+
+
+@pytest.fixture(scope="module")
+def generator(pair):
+    return TextGenerator(*pair)
+
+
+@pytest.mark.parametrize("construction", ["static", "dyspec", "eagle2"])
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_stored_laws_are_the_draft_laws_at_each_node(pair, construction, temperature):
+    """Every node's law comes from one tree-masked forward; it must equal a plain forward over context + path."""
+    draft = load_causal_lm(pair[1])
+    processing = Processing(temperature=temperature)
+    drafter = TreeDrafter(draft, processing, construction=construction, shape=trees.k_ary_shape(2, 2), budget=6,
+                          top_k=2, depth=3, max_depth=4)
+    contexts = [torch.tensor([0, 5, 6, 7, 8]), torch.tensor([0, 9, 3])]  # ragged rows
+    ctx = DecodeContext(contexts, torch.arange(2), torch.arange(2), seed=3)
+    laws = {}
+    original = drafter._score_trees
+
+    def spy(ctx_, builders, index, requests):
+        out = original(ctx_, builders, index, requests)
+        for b, i, got in zip(builders, index, out):
+            for node, law in got.items():
+                laws[(i, tuple(b.path(node)))] = law
+        return out
+
+    drafter._score_trees = spy
+    tree = drafter.propose(ctx, 4)
+    assert laws, "the tree grew past the root"
+    ranking = processing if temperature > 0 else Processing(temperature=1.0)
+    for (i, path), law in laws.items():
+        ids = torch.cat([contexts[i], torch.tensor(path, dtype=torch.long)])[None]
+        with torch.no_grad():
+            expected = ranking(draft(input_ids=ids).logits[0, -1])
+        assert torch.allclose(law, expected, atol=1e-5), (i, path)
+    assert tree.tokens[:, 0].tolist() == [8, 3]
+    if temperature > 0 and construction != "eagle2":
+        assert drafter.siblings == "without_replacement" and tree.draft_probs is not None
+    else:
+        assert drafter.siblings == "deterministic"
+
+
+@pytest.mark.parametrize("method,params", [("sequoia", {}), ("sequoia", {"shape": "eagle"}), ("dyspec", {}),
+                                           ("eagle2", {}), ("dyspec", {"tree_budget": 3, "max_depth": 2})])
+def test_greedy_tree_methods_equal_plain_decoding(generator, method, params):
+    plain = generator.generate("abc abc abc (x", method="ar", max_new_tokens=40)
+    spec = generator.generate("abc abc abc (x", method=method, max_new_tokens=40, **params)
+    assert spec.tokens == plain.tokens and spec.text == plain.text
+    assert spec.stats["lossless"] and spec.stats["steps"] <= plain.stats["steps"]
+
+
+def test_greedy_batch_rows_equal_plain_decoding(generator):
+    plain = generator.generate("ab", method="ar", max_new_tokens=30)
+    spec = generator.generate("ab", method="dyspec", max_new_tokens=30, num_samples=3)
+    assert all(s["tokens"] == plain.tokens for s in spec.samples)
+
+
+@pytest.mark.parametrize("method", TREE_METHODS)
+def test_sampling_is_reproducible(generator, method):
+    first = generator.generate("ab", method=method, temperature=1.0, seed=3, num_samples=3, max_new_tokens=12)
+    again = generator.generate("ab", method=method, temperature=1.0, seed=3, num_samples=3, max_new_tokens=12)
+    assert [s["tokens"] for s in first.samples] == [s["tokens"] for s in again.samples]
+    assert len({tuple(s["tokens"]) for s in first.samples}) > 1
+
+
+def test_knobs_are_checked(generator):
+    with pytest.raises(InvalidRequest):
+        generator.generate("ab", method="sequoia", shape="bush", max_new_tokens=4)
+    with pytest.raises(InvalidRequest):
+        generator.generate("ab", method="sequoia", accept_probs="0.9,0.5", max_new_tokens=4)
+    with pytest.raises(InvalidRequest):
+        generator.generate("ab", method="dyspec", tree_budget=0, max_new_tokens=4)
+    assert parse_accept_probs("0.5, 0.2") == [0.5, 0.2]
+    knobs = get_method("text", "sequoia").resolve_knobs({"tree_budget": 7})
+    drafter = tree_drafter("tree-static", generator.draft_model, Processing(), knobs)
+    assert len(drafter.shape) == 8 and drafter.max_nodes == 8
+
+
+class HFTable:
+    """A transformers model as `lm.logits(context)` for the exact joint."""
+
+    def __init__(self, model):
+        self.model = model
+
+    @torch.no_grad()
+    def logits(self, context):
+        return self.model(input_ids=torch.tensor([list(context)])).logits[0, -1].double()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", TREE_METHODS)
+def test_sampled_tree_methods_follow_the_target(generator, method):
+    processing = Processing(temperature=1.0, top_k=4)  # few cells: a strong test with few samples
+    samples = 2000
+    result = generator.generate("ab", method=method, temperature=1.0, top_k=4, seed=11, num_samples=samples,
+                                max_new_tokens=3)
+    prompt = generator.encode("ab").tolist()
+    expected = target_joint(HFTable(generator.model), processing, prompt, 3)
+    fit = goodness_of_fit([tuple(s["tokens"]) for s in result.samples], expected)
+    assert fit.p_value > 1e-4, fit
+    assert result.stats["tau"] > 1.05  # drafts are accepted: the test exercises the tree rule
