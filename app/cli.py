@@ -172,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     kinds = generate.add_subparsers(dest="modality", metavar="MODALITY", required=True)
     for modality in registry.MODALITIES:
         p = command(kinds, modality, f"generate {modality}", f"generate {modality}",
-                    handler={"text": _generate_text, "image": _generate_image}.get(modality))
+                    handler={"text": _generate_text, "image": _generate_image,
+                             "speech": _generate_speech}.get(modality))
         if modality == "speech":
             p.add_argument("--text", required=True, type=_non_empty, help="the text to speak")
         elif modality == "text":
@@ -209,6 +210,19 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--init", choices=("random", "left"), help="how empty window slots are drafted")
             p.add_argument("--num-samples", type=_int_at_least(1), default=1, metavar="N",
                            help="independent samples, batched; saved as one grid (default: 1)")
+        elif modality == "speech":
+            p.add_argument("--voice", help="speaker (default: slt; the model's vocab.json lists its voices)")
+            p.add_argument("--model", help="speech token model folder (default: the shipped assets/speech/target)")
+            p.add_argument("--draft", help="draft model folder (default: the shipped assets/speech/draft)")
+            p.add_argument("--codec", help="acoustic codebook folder (default: the shipped assets/speech/codec)")
+            p.add_argument("--max-new-tokens", type=_int_at_least(1), metavar="N",
+                           help="acoustic tokens at most, 62.5 per second (default: from the text length)")
+            p.add_argument("--temperature", type=_temperature, default=None, metavar="T",
+                           help="0 means greedy (default: the model's recipe, 0.8)")
+            p.add_argument("--top-k", type=_int_at_least(0), default=None, metavar="K",
+                           help="keep the K most likely tokens, 0 = all (default: the model's recipe, 50)")
+            p.add_argument("--num-draft-tokens", type=_int_at_least(1, 64), default=None, metavar="K",
+                           help="tokens drafted per step by sd (default: the method's)")
         if modality != "text":
             suffix = {"image": ".png", "video": ".gif", "speech": ".wav"}[modality]
             p.add_argument("--out", required=True, type=_output_path(suffix), metavar=f"FILE{suffix}")
@@ -220,7 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     kinds = bench.add_subparsers(dest="modality", metavar="MODALITY", required=True)
     for modality in registry.MODALITIES:
         p = command(kinds, modality, f"benchmark {modality} methods", f"bench {modality}",
-                    handler={"text": _bench_text, "image": _bench_image}.get(modality))
+                    handler={"text": _bench_text, "image": _bench_image,
+                             "speech": _bench_speech}.get(modality))
         p.add_argument("--methods", type=_method_list(modality), metavar="A,B,C",
                        help="default: all" + (" (ar always runs: it is the baseline)" if modality == "text" else ""))
         p.add_argument("--prompts", type=_existing_file, metavar="FILE",
@@ -232,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
         if modality == "text":
             p.add_argument("--model", help="target: a Hugging Face causal LM path or id available offline")
             p.add_argument("--draft", help="draft model path or id (draft and hf-assisted)")
-        if modality in ("text", "image"):
+        if modality in ("text", "image", "speech"):
             p.add_argument("--out-dir", type=Path, metavar="DIR",
                            help="where results are written (default: benchmarks/)")
 
@@ -253,13 +268,19 @@ def build_parser() -> argparse.ArgumentParser:
     kinds = train.add_subparsers(dest="what", metavar="WHAT", required=True)
     for what in ("text", "draft", "image", "speech"):
         p = command(kinds, what, f"train the {what} model", f"train {what}",
-                    handler={"text": _train_text, "draft": _train_text, "image": _train_image}.get(what))
+                    handler={"text": _train_text, "draft": _train_text, "image": _train_image,
+                              "speech": _train_speech}.get(what))
         p.add_argument("--out", type=Path, metavar="DIR", help="checkpoint folder (resumed when it holds one)")
         p.add_argument("--steps", type=_int_at_least(1), metavar="N", help="optimiser steps (default: the recipe's)")
         p.add_argument("--seed", type=_int_at_least(0, MAX_SEED), default=0, help="default: 0")
         if what == "image":
             p.add_argument("--role", choices=("vq", "target", "draft"), default="target",
                            help="the VQ tokenizer, the token model or its draft (default: target)")
+        if what == "speech":
+            p.add_argument("--role", choices=("target", "draft"), default="target",
+                           help="the speech token model or its draft (default: target)")
+            p.add_argument("--tokens", type=Path, metavar="FILE",
+                           help="the encoded corpus, tokens.npz or its folder (default: assets/speech/corpus)")
         if what in ("text", "draft"):
             p.add_argument("--max-files", type=_int_at_least(1), metavar="N",
                            help="train on the first N corpus files only (quick checks)")
@@ -325,6 +346,25 @@ def _train_image(args: argparse.Namespace) -> int:
     from specgen.app.image_commands import train_image
 
     return train_image(args)
+
+
+def _generate_speech(args: argparse.Namespace) -> int:
+    from specgen.app.speech_commands import generate_speech
+
+    return generate_speech(args)
+
+
+def _bench_speech(args: argparse.Namespace) -> int:
+    from specgen.app.speech_commands import bench_speech
+
+    _use_threads(args.threads)
+    return bench_speech(args)
+
+
+def _train_speech(args: argparse.Namespace) -> int:
+    from specgen.app.speech_commands import train_speech
+
+    return train_speech(args)
 
 
 def _generate_text(args: argparse.Namespace) -> int:

@@ -175,5 +175,15 @@ register(MethodSpec("gumbel-sjd", "image", True,
                     paper="So et al. 2025 (MC-SJD / speculative coupled decoding)", knobs=(WINDOW, JACOBI_INIT)))
 
 
+# ---- speech -----------------------------------------------------------------------------------
+register(MethodSpec("ar", "speech", True, "plain autoregressive decoding of the speech token model (the baseline)",
+                    drafter=None, rule="none"))
+register(MethodSpec("sd", "speech", True,
+                    "a small draft speech model proposes a chain of acoustic tokens; exact rejection sampling "
+                    "(greedy match at temperature 0)", drafter="model", rule="chain", policy="fixed",
+                    paper="Leviathan et al. 2023; Chen et al. 2023",
+                    knobs=(Knob("num_draft_tokens", int, 4, NUM_DRAFT_TOKENS.help, 1, 64), LENGTH_SCHEDULE)))
+
+
 if __name__ == "__main__":
     print(render_methods_markdown())

@@ -131,10 +131,7 @@ def test_bad_threads_environment_is_an_error(value, in_tmp, monkeypatch, capsys)
 
 NOT_YET = {
     "generate video": ["generate", "video", "--class", "3", "--out", "x.gif", "--json"],
-    "generate speech": ["generate", "speech", "--text", "hello", "--out", "x.wav"],
     "bench video": ["bench", "video", "--json"],
-    "bench speech": ["bench", "speech", "--max-new-tokens", "50"],
-    "train speech": ["--threads", "2", "train", "speech"],
 }
 
 
@@ -309,7 +306,7 @@ def test_console_script_error_is_fast_and_one_line():
     (["generate", "text", "--help"], 0),
     (["generate", "text", "--prompt", "hi", "--top-p", "0"], 2),
     (["generate", "image", "--prompt", "hi", "--out", "x.jpg"], 2),
-    (["bench", "speech"], 2),
+    (["bench", "speech", "--methods", "ar,zzz"], 2),
 ])
 def test_help_and_errors_import_no_torch(argv, code):
     script = ("import json, sys\n"

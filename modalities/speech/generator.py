@@ -1,0 +1,170 @@
+"""`SpeechGenerator`: text to acoustic tokens by plain or speculative decoding, and tokens to a waveform.
+
+A request is a sentence and a voice; the prompt is [BOS, voice, characters, BOA] and generation runs until EOS
+or `max_new_tokens` acoustic tokens. One `Processing` (acoustic-tokens-and-EOS only, temperature, top-k, top-p)
+serves plain decoding, verification and the draft alike. Methods come from the registry: `ar` (plain decoding)
+and `sd` (a small draft model proposes chains; exact rejection sampling, greedy matching at temperature 0).
+Without arguments it loads the models shipped in `assets/speech/`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from specgen.errors import InvalidRequest, VocabularyMismatch
+from specgen.modalities.model_drafter import ModelDrafter
+from specgen.modalities.speech.codec import AcousticCodec
+from specgen.modalities.speech.models import DEFAULT_VOICE, default_paths, load_speech_lm, load_speech_vocab
+from specgen.modalities.transformers_adapter import TransformersTarget
+from specgen.samplers.acceptance import make_rule
+from specgen.samplers.loop import speculative_generate
+from specgen.samplers.policies import make_policy
+from specgen.samplers.processing import Processing
+from specgen.samplers.registry import get_method
+from specgen.samplers.stats import SpecStats
+from specgen.samplers.types import StepEvent
+
+# Sampling defaults for the shipped models (a small model's flat tail over 1024 tokens makes plain T=1 noisy).
+DEFAULT_TEMPERATURE = 0.8
+DEFAULT_TOP_K = 50
+FRAMES_PER_CHAR = 8  # default length cap: 8 frames (128 ms) per character plus 40; the corpus averages under 5
+
+
+@dataclass(frozen=True)
+class AcousticOnly:
+    """Position constraint: every generated slot is an acoustic token or EOS."""
+
+    num_tokens: int
+    eos: int
+
+    def __call__(self, logits: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        banned = torch.ones(logits.shape[-1], dtype=torch.bool)
+        banned[:self.num_tokens] = False
+        banned[self.eos] = False
+        return logits.masked_fill(banned, float("-inf"))
+
+
+@dataclass(frozen=True)
+class SpeechResult:
+    audio: np.ndarray  # float32 mono waveform of the first sample
+    sample_rate: int
+    tokens: list[int]  # acoustic tokens of the first sample (EOS dropped)
+    stats: dict
+    samples: list[dict]  # one {"tokens", "audio"} per sample
+
+
+class SpeechGenerator:
+    def __init__(self, model: str | Path | None = None, draft: str | Path | None = None,
+                 codec: str | Path | None = None, *, threads: int | None = 1, dtype: torch.dtype = torch.float32):
+        if threads:
+            torch.set_num_threads(threads)
+        paths = default_paths()
+        self.model_path = Path(model or paths["target"])
+        self.draft_path = Path(draft) if draft else (paths["draft"] if model is None else None)
+        self.codec_path = Path(codec or paths["codec"])
+        self.model = load_speech_lm(self.model_path, dtype)
+        self.vocab = load_speech_vocab(self.model_path)
+        self.dtype = dtype
+        self._draft_model = None
+        self._codec = None
+
+    @property
+    def codec(self) -> AcousticCodec:
+        if self._codec is None:
+            self._codec = AcousticCodec.load(self.codec_path)
+            if self._codec.num_tokens != self.vocab.num_tokens:
+                raise VocabularyMismatch(f"the codebook has {self._codec.num_tokens} tokens but the speech model "
+                                         f"expects {self.vocab.num_tokens}")
+        return self._codec
+
+    @property
+    def sample_rate(self) -> int:
+        return self.codec.cfg.sample_rate
+
+    @property
+    def draft_model(self):
+        if self._draft_model is None:
+            if self.draft_path is None:
+                raise InvalidRequest("method 'sd' needs a draft model (draft=PATH)")
+            self._draft_model = load_speech_lm(self.draft_path, self.dtype)
+            if load_speech_vocab(self.draft_path) != self.vocab:
+                raise VocabularyMismatch(f"the draft in {str(self.draft_path)!r} has another vocabulary than the "
+                                         f"target in {str(self.model_path)!r}")
+        return self._draft_model
+
+    def processing(self, *, temperature: float | None = None, top_k: int | None = None,
+                   top_p: float = 1.0) -> Processing:
+        return Processing(temperature=DEFAULT_TEMPERATURE if temperature is None else temperature,
+                          top_k=DEFAULT_TOP_K if top_k is None else top_k, top_p=top_p,
+                          hooks=(AcousticOnly(self.vocab.num_tokens, self.vocab.eos),))
+
+    def max_new_tokens_for(self, text: str, voice: str = DEFAULT_VOICE, max_new_tokens: int | None = None) -> int:
+        """The length cap of a request: the given one (checked against the context), or the default for the text."""
+        prompt = self.vocab.prompt_ids(text, voice)
+        room = self.model.config.max_position_embeddings - len(prompt)
+        if max_new_tokens is None:
+            return min(room, FRAMES_PER_CHAR * (len(prompt) - 3) + 40)
+        if not 1 <= max_new_tokens <= room:
+            raise InvalidRequest(f"max_new_tokens must be between 1 and {room} for this text ({len(prompt)} prompt "
+                                 f"tokens, context {self.model.config.max_position_embeddings}), got {max_new_tokens}")
+        return max_new_tokens
+
+    def stream(self, text: str, *, method: str = "sd", voice: str = DEFAULT_VOICE, max_new_tokens: int | None = None,
+               temperature: float | None = None, top_k: int | None = None, top_p: float = 1.0, seed: int = 0,
+               num_samples: int = 1, stats: SpecStats | None = None, **params) -> Iterator[StepEvent]:
+        spec = get_method("speech", method)
+        knobs = spec.resolve_knobs(params)
+        if num_samples < 1:
+            raise InvalidRequest(f"num_samples must be >= 1, got {num_samples}")
+        processing = self.processing(temperature=temperature, top_k=top_k, top_p=top_p)
+        prompt_ids = self.vocab.prompt_ids(text, voice)
+        limit = self.max_new_tokens_for(text, voice, max_new_tokens)
+        drafter = None
+        if spec.drafter == "model":
+            drafter = ModelDrafter(self.draft_model, processing, target_vocab_size=self.vocab.vocab_size)
+        elif spec.drafter is not None:
+            raise InvalidRequest(f"unknown drafter {spec.drafter!r}")
+        policy = make_policy(knobs.get("length_schedule", "fixed"), knobs.get("num_draft_tokens", 0))
+        yield from speculative_generate(TransformersTarget(self.model), drafter, make_rule(spec.rule, processing),
+                                        [prompt_ids] * num_samples, processing=processing, max_new_tokens=limit,
+                                        policy=policy, seed=seed, stop_tokens=(self.vocab.eos,), stats=stats)
+
+    def generate(self, text: str, *, method: str = "sd", ar_step_s: float | None = None, decode: bool = True,
+                 **options) -> SpeechResult:
+        """Tokens, waveform (decode=False skips the vocoder: audio stays empty) and the stats of one request."""
+        stats = SpecStats()
+        num_samples = options.get("num_samples", 1)
+        tokens: list[list[int]] = [[] for _ in range(num_samples)]
+        started = time.perf_counter()
+        for event in self.stream(text, method=method, stats=stats, **options):
+            tokens[event.row].extend(event.tokens)
+        wall_s = time.perf_counter() - started
+        summary = stats.summary(method=method, lossless=get_method("speech", method).lossless, wall_s=wall_s,
+                                ar_step_s=ar_step_s)
+        tokens = [[t for t in row if t != self.vocab.eos] for row in tokens]
+        summary["audio_s"] = len(tokens[0]) / self.codec.cfg.frame_rate if decode else None
+        audios = [self.decode(t) if decode else np.zeros(0, np.float32) for t in tokens]
+        samples = [{"tokens": t, "audio": a} for t, a in zip(tokens, audios)]
+        return SpeechResult(audios[0], self.sample_rate if decode else 0, tokens[0], summary, samples)
+
+    def decode(self, tokens: list[int]) -> np.ndarray:
+        """Acoustic tokens -> float32 waveform at `sample_rate` (codebook centroids, InverseMelScale, Griffin-Lim)."""
+        return self.codec.decode(tokens)
+
+    def measure_step_s(self, text: str, voice: str = DEFAULT_VOICE, repeats: int = 3) -> float:
+        """Median time of one plain decoding step after the prompt: T_ar for the cost model."""
+        target = TransformersTarget(self.model)
+        ids = self.vocab.prompt_ids(text, voice)
+        times = []
+        for _ in range(repeats):
+            target.prefill([ids])
+            started = time.perf_counter()
+            target.score(ids[-1:][None], torch.tensor([[len(ids) - 1]]), torch.tensor([0]))
+            times.append(time.perf_counter() - started)
+        return sorted(times)[len(times) // 2]

@@ -1,0 +1,160 @@
+"""The speech token models: text (characters) in, acoustic tokens out, as plain `LlamaForCausalLM`s.
+
+A sequence is [BOS, voice, text characters, BOA, acoustic tokens, EOS]. Acoustic tokens keep their codebook ids
+(0 .. num_tokens-1); the special tokens, the voice tokens and the characters follow them. The loss is taken on the
+acoustic tokens and EOS only. Shipped models live in `assets/speech/{codec,target,draft}` (`SPECGEN_ASSETS`
+overrides the assets folder as it does for text and image); each model folder carries its `vocab.json`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specgen.errors import InvalidRequest, ModelNotFound
+
+SPECIALS = ("bos", "boa", "eos", "pad")
+MAX_POSITIONS = 1024
+MAX_TEXT_CHARS = 200
+DEFAULT_VOICE = "slt"
+# role -> LlamaConfig fields (untied heads: the input table mixes characters and acoustic tokens).
+ARCHITECTURES = {
+    "target": dict(hidden_size=256, intermediate_size=704, num_hidden_layers=6, num_attention_heads=4,
+                   num_key_value_heads=4),
+    "draft": dict(hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=4),
+}
+
+
+def _normalise(text: str) -> str:
+    text = text.replace("\u2019", "'").replace("\u2018", "'").replace("\u2014", "-")
+    return " ".join(text.lower().split())
+
+
+@dataclass(frozen=True)
+class SpeechVocab:
+    num_tokens: int  # acoustic tokens are ids 0 .. num_tokens-1
+    voices: tuple[str, ...]
+    chars: str
+
+    @property
+    def bos(self) -> int:
+        return self.num_tokens
+
+    @property
+    def boa(self) -> int:
+        return self.num_tokens + 1
+
+    @property
+    def eos(self) -> int:
+        return self.num_tokens + 2
+
+    @property
+    def pad(self) -> int:
+        return self.num_tokens + 3
+
+    @property
+    def vocab_size(self) -> int:
+        return self.num_tokens + len(SPECIALS) + len(self.voices) + len(self.chars)
+
+    def voice_id(self, voice: str) -> int:
+        if voice not in self.voices:
+            raise InvalidRequest(f"unknown voice {voice!r}; choose from: {', '.join(self.voices)}")
+        return self.num_tokens + len(SPECIALS) + self.voices.index(voice)
+
+    def char_ids(self, text: str) -> list[int]:
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidRequest("the text to speak is empty")
+        text = _normalise(text)
+        bad = sorted({c for c in text if c not in self.chars})
+        if bad:
+            marks = "".join(c for c in self.chars if not c.isalnum() and c != " ")
+            raise InvalidRequest(f"the text has characters the speech model cannot read: {''.join(bad)!r}; "
+                                 f"use letters, digits, spaces and {marks!r}")
+        if len(text) > MAX_TEXT_CHARS:
+            raise InvalidRequest(f"the text has {len(text)} characters; at most {MAX_TEXT_CHARS} fit")
+        base = self.num_tokens + len(SPECIALS) + len(self.voices)
+        return [base + self.chars.index(c) for c in text]
+
+    def prompt_ids(self, text: str, voice: str = DEFAULT_VOICE) -> torch.Tensor:
+        """[BOS, voice, characters, BOA] as int64."""
+        return torch.tensor([self.bos, self.voice_id(voice), *self.char_ids(text), self.boa], dtype=torch.long)
+
+    def to_dict(self) -> dict:
+        return {"num_tokens": self.num_tokens, "voices": list(self.voices), "chars": self.chars,
+                "specials": {s: getattr(self, s) for s in SPECIALS}, "vocab_size": self.vocab_size}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> SpeechVocab:
+        path = Path(path)
+        if path.is_dir():
+            path = path / "vocab.json"
+        if not path.exists():
+            raise ModelNotFound(f"no speech vocabulary at {str(path)!r}")
+        d = json.loads(path.read_text())
+        return cls(num_tokens=int(d["num_tokens"]), voices=tuple(d["voices"]), chars=str(d["chars"]))
+
+
+def default_vocab(num_tokens: int = 1024) -> SpeechVocab:
+    from specgen.modalities.speech import data
+
+    return SpeechVocab(num_tokens=num_tokens, voices=tuple(data.VOICES), chars=data.ALPHABET)
+
+
+def assets_dir() -> Path:
+    from specgen.modalities.assets import assets_dir as root
+
+    return root() / "speech"
+
+
+def default_paths() -> dict[str, Path]:
+    base = assets_dir()
+    return {"codec": base / "codec", "target": base / "target", "draft": base / "draft"}
+
+
+def speech_model_config(role: str, vocab: SpeechVocab, **overrides):
+    from transformers import LlamaConfig
+
+    if role not in ARCHITECTURES:
+        raise InvalidRequest(f"speech model role must be one of {', '.join(ARCHITECTURES)}, not {role!r}")
+    fields = {**ARCHITECTURES[role], **overrides}
+    return LlamaConfig(vocab_size=vocab.vocab_size, max_position_embeddings=fields.pop("max_position_embeddings",
+                                                                                      MAX_POSITIONS),
+                       rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                       bos_token_id=vocab.bos, eos_token_id=vocab.eos, pad_token_id=vocab.pad,
+                       tie_word_embeddings=False, **fields)
+
+
+def build_speech_lm(role: str, vocab: SpeechVocab, **overrides):
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM(speech_model_config(role, vocab, **overrides))
+
+
+def _require(path: str | Path, what: str, files: tuple[str, ...]) -> Path:
+    path = Path(path)
+    if not path.is_dir() or not all((path / f).exists() for f in files):
+        raise ModelNotFound(f"no speech {what} in {str(path)!r} (expected {', '.join(files)}); train it with "
+                            "`python -m specgen.modalities.speech.train`")
+    return path
+
+
+def load_speech_vocab(path: str | Path) -> SpeechVocab:
+    path = Path(path)
+    return SpeechVocab.load(path if path.suffix == ".json" else _require(path, "vocabulary", ("vocab.json",)))
+
+
+def load_speech_lm(path: str | Path, dtype=torch.float32):
+    """The `LlamaForCausalLM` saved in folder `path`, in eval mode."""
+    from transformers import LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    path = _require(path, "token model", ("config.json", "model.safetensors", "vocab.json"))
+    hf_logging.disable_progress_bar()
+    return LlamaForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True).eval()

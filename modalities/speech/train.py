@@ -1,0 +1,379 @@
+"""Fit the acoustic codebook (role codec) and train the speech token models (roles target, draft), resumably.
+
+    python -m specgen.modalities.speech.train --role codec --corpus runs/speech-corpus --out assets/speech/codec
+    python -m specgen.modalities.speech.train --role tokens --corpus runs/speech-corpus --out assets/speech/corpus
+    python -m specgen.modalities.speech.train --role target --tokens assets/speech/corpus --run-dir runs/speech-target \
+        --out assets/speech/target
+
+`tokens` encodes the corpus once with the codebook into `tokens.npz` (acoustic tokens, texts, voices; about
+1 MB, so it ships and the models retrain without the audio). A token-model run folder holds `checkpoint.pt`
+(model, optimizer, step, RNG), `metrics.jsonl` and `training.json`. Batches are a pure function of (seed, step),
+so rerunning the same command resumes from the last checkpoint onto exactly the batches the run would have
+seen. A checkpoint is written every --checkpoint-minutes and at the end; `--export-only` exports the last
+checkpoint as it is (a run stopped early ships with its true step count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from specgen.errors import InvalidRequest, ModelNotFound
+
+ROLES = ("codec", "tokens", "target", "draft")
+DEFAULTS = {"target": (3000, 16, 1.5e-3), "draft": (3000, 16, 2e-3)}  # role -> steps, batch size, peak lr
+LOSS_WINDOW = 50
+VAL_UTTERANCES = 96  # the last utterances of the token file are held out
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------- codec and tokens
+
+
+def fit_codec(corpus: Path, out: Path, *, k: int = 1024, max_frames: int = 200_000, iters: int = 25,
+              seed: int = 0) -> dict:
+    """k-means over log-mel frames of the corpus' training utterances (a seeded subsample of max_frames)."""
+    import torch
+
+    from specgen.modalities.speech import codec, data
+
+    utts = data.read_manifest(corpus)[:-VAL_UTTERANCES]
+    if not utts:
+        raise InvalidRequest(f"no utterances in {corpus} (build it with python -m specgen.modalities.speech.data)")
+    started = time.perf_counter()
+    frames = torch.cat([codec.log_mel(codec.read_wav(corpus / u.file)) for u in utts])
+    mel_s = time.perf_counter() - started
+    g = torch.Generator().manual_seed(seed)
+    sample = frames[torch.randperm(len(frames), generator=g)[:max_frames]]
+    started = time.perf_counter()
+    centroids, report = codec.fit_kmeans(sample, k, iters=iters, seed=seed)
+    report |= {"kmeans_s": round(time.perf_counter() - started, 1), "log_mel_s": round(mel_s, 1),
+               "corpus_frames": len(frames), "utterances": len(utts), "seed": seed}
+    codec.AcousticCodec(centroids).save(out)
+    (out / "fit.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def encode_corpus(corpus: Path, codec_dir: Path, out: Path) -> dict:
+    """tokens.npz in out: every utterance's acoustic tokens (concatenated uint16 + offsets), text and voice."""
+    import numpy as np
+
+    from specgen.modalities.speech import codec, data
+
+    cd = codec.AcousticCodec.load(codec_dir)
+    utts = data.read_manifest(corpus)
+    tokens = [cd.encode(codec.read_wav(corpus / u.file)).numpy().astype(np.uint16) for u in utts]
+    offsets = np.cumsum([0] + [len(t) for t in tokens]).astype(np.int64)
+    out.mkdir(parents=True, exist_ok=True)
+    blob = {"tokens": np.concatenate(tokens), "offsets": offsets, "texts": np.array([u.text for u in utts]),
+            "voices": np.array([u.voice for u in utts]), "ids": np.array([u.id for u in utts])}
+
+    def write(p):
+        with open(p, "wb") as f:
+            np.savez_compressed(f, **blob)
+
+    _atomic_write(out / "tokens.npz", write)
+    info = {"utterances": len(utts), "tokens": int(offsets[-1]), "num_tokens": cd.num_tokens,
+            "codebook_sha256": _sha256(codec_dir / "codebook.safetensors"), "val_utterances": VAL_UTTERANCES}
+    (out / "tokens.json").write_text(json.dumps(info, indent=1) + "\n")
+    for p in out.iterdir():
+        p.chmod(0o644)
+    return info
+
+
+def load_tokens(path: Path) -> dict:
+    import numpy as np
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "tokens.npz"
+    if not path.exists():
+        raise ModelNotFound(f"no token file at {str(path)!r} (make it with --role tokens)")
+    blob = np.load(path)
+    return {k: blob[k] for k in blob.files}
+
+
+# ------------------------------------------------------------------------------------------ target/draft roles
+
+
+@dataclass
+class TrainConfig:
+    role: str
+    steps: int
+    batch_size: int
+    lr: float
+    tokens: str
+    seed: int = 0
+    threads: int = 1
+    run_dir: str = "runs/speech"
+    out: str | None = None
+    checkpoint_minutes: float = 10.0
+    eval_every: int = 100
+    log_every: int = 10
+    warmup: int = 100
+    max_frames: int = 400  # longer utterances are cut (never in the shipped corpus: 70 characters at most)
+    overrides: dict | None = None  # architecture overrides (tests)
+
+    FIXED = ("role", "batch_size", "seed", "tokens_sha256")
+
+    def command(self) -> str:
+        parts = ["python -m specgen.modalities.speech.train", f"--role {self.role}", f"--tokens {self.tokens}",
+                 f"--steps {self.steps}", f"--batch-size {self.batch_size}", f"--lr {self.lr:g}",
+                 f"--seed {self.seed}", f"--threads {self.threads}", f"--run-dir {self.run_dir}"]
+        return " ".join(parts + ([f"--out {self.out}"] if self.out else []))
+
+
+def _lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+class LMTask:
+    def __init__(self, cfg: TrainConfig, num_tokens: int | None = None):
+        import numpy as np
+
+        from specgen.modalities.speech.models import build_speech_lm, default_vocab
+
+        self.cfg = cfg
+        blob = load_tokens(Path(cfg.tokens))
+        self.vocab = default_vocab(num_tokens or int(blob.get("num_tokens", np.array(1024))))
+        offsets = blob["offsets"]
+        codes = [blob["tokens"][offsets[i]:offsets[i + 1]].astype(np.int64)[:cfg.max_frames]
+                 for i in range(len(offsets) - 1)]
+        if int(max(c.max() for c in codes)) >= self.vocab.num_tokens:
+            raise InvalidRequest("the token file has ids beyond the codebook size")
+        seqs = [[*self.vocab.prompt_ids(str(t), str(v)).tolist(), *c.tolist(), self.vocab.eos]
+                for t, v, c in zip(blob["texts"], blob["voices"], codes)]
+        self.prompt_lengths = [len(s) - len(c) - 1 for s, c in zip(seqs, codes)]
+        n_val = min(VAL_UTTERANCES, max(1, len(seqs) // 10))
+        self.train_idx, self.val_idx = list(range(len(seqs) - n_val)), list(range(len(seqs) - n_val, len(seqs)))
+        self.seqs = seqs
+        self.model = build_speech_lm(cfg.role, self.vocab, **(cfg.overrides or {}))
+
+    def _batch(self, idx: list[int]):
+        import torch
+
+        width = max(len(self.seqs[i]) for i in idx)
+        ids = torch.full((len(idx), width), self.vocab.pad, dtype=torch.long)
+        labels = torch.full((len(idx), width), -100, dtype=torch.long)
+        for row, i in enumerate(idx):
+            s, p = self.seqs[i], self.prompt_lengths[i]
+            ids[row, :len(s)] = torch.tensor(s)
+            labels[row, p:len(s)] = torch.tensor(s[p:])  # acoustic tokens and EOS
+        return ids, labels
+
+    def batch(self, step: int):
+        import numpy as np
+
+        rng = np.random.default_rng((self.cfg.seed, step))
+        return self._batch([self.train_idx[j] for j in rng.integers(0, len(self.train_idx), self.cfg.batch_size)])
+
+    def loss(self, batch, reduction: str = "mean"):
+        import torch.nn.functional as F
+
+        ids, labels = batch
+        logits = self.model(input_ids=ids[:, :-1]).logits
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                               ignore_index=-100, reduction=reduction)
+
+    def evaluate(self) -> dict:
+        import torch
+
+        self.model.eval()
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for i in range(0, len(self.val_idx), self.cfg.batch_size):
+                ids, labels = self._batch(self.val_idx[i:i + self.cfg.batch_size])
+                total += float(self.loss((ids, labels), reduction="sum"))
+                count += int((labels[:, 1:] != -100).sum())
+        self.model.train()
+        return {"eval_loss": round(total / count, 4)}
+
+    def export(self, out: Path, summary: dict) -> None:
+        import copy
+        import shutil
+
+        tmp = out.with_name(f".{out.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        copy.deepcopy(self.model).half().save_pretrained(tmp)
+        self.vocab.save(tmp / "vocab.json")
+        (tmp / "training.json").write_text(json.dumps(summary, indent=1) + "\n")
+        for p in tmp.iterdir():
+            p.chmod(0o644)
+        shutil.rmtree(out, ignore_errors=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, out)
+
+
+def train(cfg: TrainConfig, resume: bool = True, export_only: bool = False) -> dict:
+    """Run cfg to cfg.steps optimizer steps in cfg.run_dir (resuming its checkpoint), export to cfg.out if set, and
+    return the summary (also run_dir/training.json). export_only: export the checkpoint without training."""
+    import platform
+
+    import torch
+
+    if cfg.role not in ("target", "draft"):
+        raise InvalidRequest(f"role must be target or draft, not {cfg.role!r}")
+    if cfg.steps < 0 or cfg.batch_size < 1 or cfg.lr <= 0 or cfg.threads < 1:
+        raise InvalidRequest("steps must be >= 0 and batch size, lr and threads positive")
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    task = LMTask(cfg)
+    model = task.model
+    tokens_file = Path(cfg.tokens) / "tokens.npz" if Path(cfg.tokens).is_dir() else Path(cfg.tokens)
+    fixed = {"role": cfg.role, "batch_size": cfg.batch_size, "seed": cfg.seed, "tokens_sha256": _sha256(tokens_file)}
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.05)
+    ckpt_path, metrics_path = run_dir / "checkpoint.pt", run_dir / "metrics.jsonl"
+    state = {"step": 0, "elapsed_s": 0.0, "recent_losses": [], "eval": {}, "resumed_from": []}
+    if resume and ckpt_path.exists():
+        ckpt = torch.load(ckpt_path, weights_only=False)
+        if ckpt["fixed"] != fixed:
+            raise InvalidRequest(f"{ckpt_path} was made with different settings ({', '.join(TrainConfig.FIXED)} "
+                                 "must match); use another --run-dir or --no-resume to start over")
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        torch.set_rng_state(ckpt["torch_rng"])
+        state = ckpt["state"]
+        state["resumed_from"].append(state["step"])
+        if metrics_path.exists():  # steps logged after the checkpoint are redone
+            kept = [ln for ln in metrics_path.read_text().splitlines() if json.loads(ln)["step"] <= state["step"]]
+            _atomic_write(metrics_path, lambda p: p.write_text("".join(f"{ln}\n" for ln in kept)))
+    elif metrics_path.exists():
+        metrics_path.unlink()
+    if export_only and state["step"] == 0:
+        raise InvalidRequest(f"no checkpoint to export in {run_dir}")
+    _atomic_write(run_dir / "run.json", lambda p: p.write_text(json.dumps({**asdict(cfg), "command": cfg.command()},
+                                                                           indent=1)))
+
+    def checkpoint():
+        blob = {"model": model.state_dict(), "optimizer": opt.state_dict(), "torch_rng": torch.get_rng_state(),
+                "config": asdict(cfg), "fixed": fixed, "state": state}
+        _atomic_write(ckpt_path, lambda p: torch.save(blob, p))
+
+    def log(record):
+        with open(metrics_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    model.train()
+    started = last_ckpt = time.monotonic()
+    elapsed0 = state["elapsed_s"]
+    while state["step"] < cfg.steps and not export_only:
+        step = state["step"]
+        lr = _lr_at(step, cfg.steps, cfg.lr, cfg.warmup)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        loss = task.loss(task.batch(step))
+        if not math.isfinite(loss.item()):
+            raise FloatingPointError(f"{cfg.role}: loss is {loss.item()} at step {step}")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item()
+        opt.step()
+        state["step"] = step + 1
+        state["recent_losses"] = (state["recent_losses"] + [loss.item()])[-LOSS_WINDOW:]
+        now = time.monotonic()
+        state["elapsed_s"] = elapsed0 + now - started
+        if state["step"] % cfg.log_every == 0 or state["step"] == cfg.steps:
+            log({"step": state["step"], "loss": round(loss.item(), 4), "lr": lr, "grad_norm": round(grad_norm, 3),
+                 "elapsed_s": round(state["elapsed_s"], 1)})
+        if state["step"] % cfg.eval_every == 0 or state["step"] == cfg.steps:
+            state["eval"] = task.evaluate()
+            log({"step": state["step"], **state["eval"]})
+            print(f"speech {cfg.role} step {state['step']}: train {loss.item():.4f}  "
+                  f"eval {state['eval']['eval_loss']}  {state['elapsed_s']:.0f} s", file=sys.stderr, flush=True)
+        if now - last_ckpt >= cfg.checkpoint_minutes * 60 or state["step"] == cfg.steps:
+            checkpoint()
+            last_ckpt = time.monotonic()
+    if not state["eval"]:
+        state["eval"] = task.evaluate()
+    summary = {
+        "role": cfg.role, "params": sum(p.numel() for p in model.parameters()), "command": cfg.command(),
+        "seed": cfg.seed, "steps": state["step"], "planned_steps": cfg.steps, "batch_size": cfg.batch_size,
+        "lr": cfg.lr, "warmup": cfg.warmup, "schedule": "linear warmup, cosine to 10 % of the planned steps",
+        "final_train_loss": (round(sum(state["recent_losses"]) / len(state["recent_losses"]), 4)
+                             if state["recent_losses"] else None),
+        "eval": state["eval"], "wall_s": round(state["elapsed_s"], 1), "resumed_from_steps": state["resumed_from"],
+        "train_utterances": len(task.train_idx), "val_utterances": len(task.val_idx),
+        "threads": cfg.threads, "versions": {"torch": torch.__version__, "python": platform.python_version()},
+    }
+    _atomic_write(run_dir / "training.json", lambda p: p.write_text(json.dumps(summary, indent=1)))
+    if cfg.out:
+        task.export(Path(cfg.out), summary)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m specgen.modalities.speech.train", description=__doc__.split("\n")[0])
+    p.add_argument("--role", choices=ROLES, required=True)
+    p.add_argument("--corpus", type=Path,
+                   help="codec/tokens: the corpus folder (python -m specgen.modalities.speech.data)")
+    p.add_argument("--codec", type=Path, default=None,
+                   help="tokens: the codebook folder (default: assets/speech/codec)")
+    p.add_argument("--tokens", type=Path, default=None, help="target/draft: tokens.npz or its folder "
+                                                             "(default: assets/speech/corpus)")
+    p.add_argument("--codebook-size", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=None, help="default: 3000")
+    p.add_argument("--batch-size", type=int, default=None, help="default: 16")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: target 1.5e-3, draft 2e-3)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--run-dir", type=Path, default=None, help="checkpoints and logs (default: runs/speech-ROLE)")
+    p.add_argument("--out", type=Path, default=None, help="export folder")
+    p.add_argument("--checkpoint-minutes", type=float, default=10.0)
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--no-resume", action="store_true")
+    p.add_argument("--export-only", action="store_true", help="export the run's last checkpoint without training")
+    a = p.parse_args(argv)
+    import torch
+
+    from specgen.errors import SpecgenError
+    from specgen.modalities.speech.models import default_paths
+
+    torch.set_num_threads(a.threads)
+    try:
+        if a.role in ("codec", "tokens"):
+            if a.corpus is None or a.out is None:
+                p.error(f"--role {a.role} needs --corpus and --out")
+            if a.role == "codec":
+                report = fit_codec(a.corpus, a.out, k=a.codebook_size, seed=a.seed)
+            else:
+                report = encode_corpus(a.corpus, a.codec or default_paths()["codec"], a.out)
+            print(json.dumps({k: v for k, v in report.items() if k != "inertia"}))
+            return 0
+        steps, batch, lr = DEFAULTS[a.role]
+        tokens = a.tokens or default_paths()["target"].parent / "corpus"
+        cfg = TrainConfig(role=a.role, steps=steps if a.steps is None else a.steps, batch_size=a.batch_size or batch,
+                          lr=a.lr or lr, tokens=str(tokens), seed=a.seed, threads=a.threads,
+                          run_dir=str(a.run_dir or Path("runs") / f"speech-{a.role}"),
+                          out=str(a.out) if a.out else None, checkpoint_minutes=a.checkpoint_minutes,
+                          eval_every=a.eval_every)
+        summary = train(cfg, resume=not a.no_resume, export_only=a.export_only)
+    except SpecgenError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: summary[k] for k in ("role", "params", "steps", "final_train_loss", "eval", "wall_s")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

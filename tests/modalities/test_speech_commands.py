@@ -1,0 +1,75 @@
+"""`specgen generate speech` and `specgen bench speech` on tiny random models: WAV out, one JSON object with --json,
+greedy exactness recorded by bench, and one `error:` line with exit 2 for bad requests."""
+
+import json
+
+import pytest
+import soundfile as sf
+from test_speech_generation import save_tiny_speech_models
+
+from specgen.app.cli import main
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    target, draft, codec = save_tiny_speech_models(tmp_path_factory.mktemp("speech-cli"), num_tokens=64)
+    return ["--model", str(target), "--draft", str(draft), "--codec", str(codec)]
+
+
+def run(argv, capsys):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_generate_speech_writes_a_wav_and_one_json_object(models, tmp_path, capsys):
+    out = tmp_path / "x.wav"
+    code, stdout, _ = run(["generate", "speech", "--text", "Hello there.", "--out", str(out), "--method", "sd",
+                           "--temperature", "0", "--max-new-tokens", "30", "--json", *models], capsys)
+    assert code == 0
+    result = json.loads(stdout)
+    audio, rate = sf.read(out)
+    assert rate == 16000 and len(audio) > 0 and len(result["tokens"]) <= 30
+    assert result["stats"]["method"] == "sd" and result["stats"]["lossless"] is True
+    code, stdout, _ = run(["generate", "speech", "--text", "Hello there.", "--out", str(tmp_path / "y.wav"),
+                           "--method", "ar", "--temperature", "0", "--max-new-tokens", "30", "--json", *models], capsys)
+    assert json.loads(stdout)["tokens"] == result["tokens"]
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--text", "tab{le}"], ["cannot read"]),
+    (["--text", "hello", "--voice", "nobody"], ["unknown voice", "slt"]),
+    (["--text", "hello", "--max-new-tokens", "5000"], ["max_new_tokens"]),
+    (["--text", "hello", "--method", "ar", "--num-draft-tokens", "3"], ["--num-draft-tokens"]),
+])
+def test_bad_requests_are_one_error_line(models, tmp_path, capsys, extra, words):
+    code, stdout, err = run(["generate", "speech", "--out", str(tmp_path / "x.wav"), *extra, *models], capsys)
+    assert code == 2 and stdout == "" and len(err.splitlines()) == 1 and err.startswith("error: ")
+    assert all(w in err for w in words)
+    assert not (tmp_path / "x.wav").exists()
+
+
+def test_missing_model_is_one_error_line(tmp_path, capsys):
+    code, _, err = run(["generate", "speech", "--text", "hi", "--out", str(tmp_path / "x.wav"), "--model",
+                        str(tmp_path / "none")], capsys)
+    assert code == 2 and "none" in err and len(err.splitlines()) == 1
+
+
+def test_bench_speech_compares_ar_and_sd(models, tmp_path, capsys, monkeypatch):
+    from specgen.app import speech_commands
+    from specgen.modalities.speech.generator import SpeechGenerator
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "text": "hello there"}\n{"id": "b", "text": "good night", "voice": "awb"}\n')
+    generator = SpeechGenerator(models[1], models[3], models[5])
+    result = speech_commands.run_bench_speech(prompts_path=prompts, max_new_tokens=12, generator=generator)
+    assert set(result["methods"]) == {"ar", "sd"}
+    sd = result["methods"]["sd"]
+    assert sd["identical_to_ar"] is True and sd["tau"] >= 1 and sd["speedup_vs_ar"] > 0
+    assert result["methods"]["ar"]["tau"] == 1
+    assert "predicted_speedup_measured" in sd and result["env"]["repeats"] == 1
+    assert "| `sd` |" in speech_commands.render_markdown(result)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a"}\n')
+    code, _, err = run(["bench", "speech", "--prompts", str(bad)], capsys)
+    assert code == 2 and "line 1" in err and "'text'" in err

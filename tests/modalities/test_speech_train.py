@@ -1,0 +1,64 @@
+"""The speech token trainer: two steps, a checkpoint, a resume onto the same batches, and the export the generator
+loads; all on a small synthetic token file (no corpus, no shipped models)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from specgen.errors import InvalidRequest
+from specgen.modalities.speech.codec import AcousticCodec
+from specgen.modalities.speech.generator import SpeechGenerator
+from specgen.modalities.speech.train import TrainConfig, load_tokens, train
+
+TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=128)
+
+
+@pytest.fixture(scope="module")
+def token_file(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tokens")
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 20, size=24)
+    np.savez_compressed(folder / "tokens.npz", tokens=rng.integers(0, 32, size=int(lengths.sum())).astype(np.uint16),
+                        offsets=np.concatenate([[0], np.cumsum(lengths)]), num_tokens=np.array(32),
+                        texts=np.array([f"sentence number {i}." for i in range(24)]),
+                        voices=np.array(["slt", "awb"] * 12), ids=np.array([str(i) for i in range(24)]))
+    return folder
+
+
+def config(token_file, run_dir, steps, **extra):
+    return TrainConfig(role="target", steps=steps, batch_size=4, lr=1e-3, tokens=str(token_file), run_dir=str(run_dir),
+                       warmup=2, eval_every=1, overrides=TINY, **extra)
+
+
+def test_two_steps_then_resume_equals_an_unbroken_run(token_file, tmp_path):
+    torch.set_num_threads(1)
+    unbroken = train(config(token_file, tmp_path / "a", 3))
+    train(config(token_file, tmp_path / "b", 2))
+    resumed = train(config(token_file, tmp_path / "b", 3, out=str(tmp_path / "export")))
+    assert resumed["resumed_from_steps"] == [2] and resumed["steps"] == 3
+    assert resumed["final_train_loss"] == pytest.approx(unbroken["final_train_loss"], rel=1e-5)
+    assert resumed["eval"]["eval_loss"] == pytest.approx(unbroken["eval"]["eval_loss"], rel=1e-5)
+    steps = [json.loads(ln)["step"] for ln in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps)
+    export = tmp_path / "export"
+    assert {"config.json", "model.safetensors", "vocab.json", "training.json"} <= {p.name for p in export.iterdir()}
+    AcousticCodec(torch.randn(32, 80)).save(tmp_path / "codec")
+    result = SpeechGenerator(export, export, tmp_path / "codec").generate("sentence", method="sd", max_new_tokens=6,
+                                                                           temperature=0, decode=False)
+    assert 1 <= len(result.tokens) <= 6 and max(result.tokens) < 32
+
+
+def test_export_only_and_mismatched_settings(token_file, tmp_path):
+    train(config(token_file, tmp_path / "run", 1))
+    summary = train(config(token_file, tmp_path / "run", 5, out=str(tmp_path / "out")), export_only=True)
+    assert summary["steps"] == 1 and summary["planned_steps"] == 5
+    bigger = TrainConfig(role="target", steps=2, batch_size=8, lr=1e-3, tokens=str(token_file),
+                         run_dir=str(tmp_path / "run"), overrides=TINY)
+    with pytest.raises(InvalidRequest, match="different settings"):
+        train(bigger)
+    with pytest.raises(InvalidRequest, match="no checkpoint"):
+        train(config(token_file, tmp_path / "empty", 2), export_only=True)
+    assert len(load_tokens(token_file)["offsets"]) == 25
