@@ -1,4 +1,4 @@
-"""Draft-length policies: how many tokens to draft next step."""
+"""Draft-length policies: how many tokens to draft next step (the adaptive ones live in length_policies)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,15 @@ class HeuristicLength:
             self.length = max(self.minimum, self.length - 1)
 
 
-POLICIES = {"fixed": FixedLength, "heuristic": HeuristicLength}
+def _adaptive():
+    from specgen.samplers.length_policies import ConfidenceLength, CostModelLength, SvipLength
+
+    return {"svip": SvipLength, "kangaroo": ConfidenceLength, "cost": CostModelLength}
+
+
+# 'svip' and 'kangaroo' stop drafting token by token: only drafters that consult `policy.stop` (the text model
+# drafter) use that part; 'cost' needs the run's SpecStats (`attach`). See samplers/length_policies.py.
+POLICIES = {"fixed": FixedLength, "heuristic": HeuristicLength, **_adaptive()}
 
 
 def make_policy(name: str, num_draft_tokens: int):

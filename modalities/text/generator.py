@@ -113,11 +113,14 @@ class TextGenerator:
         if max_new_tokens < 1 or len(prompt_ids) + max_new_tokens > capacity:
             raise InvalidRequest(f"max_new_tokens must be between 1 and {capacity - len(prompt_ids)} for this prompt "
                                  f"({len(prompt_ids)} tokens, context {capacity}), got {max_new_tokens}")
-        drafter = self._drafter(spec.drafter, knobs, processing)
         if spec.rule == "tree":  # the loop's draft length caps the tree's depth
             policy = make_policy("fixed", knobs.get("max_depth", knobs.get("depth", 0)))
         else:
             policy = make_policy(knobs.get("length_schedule", "fixed"), knobs.get("num_draft_tokens", 0))
+        stats = stats if stats is not None else SpecStats()
+        if hasattr(policy, "attach"):  # the cost model reads this run's measurements
+            policy.attach(stats)
+        drafter = self._drafter(spec.drafter, knobs, processing, policy)
         eos = self.tokenizer.eos_token_id
         rule = make_rule(spec.rule, processing, siblings=getattr(drafter, "siblings", "without_replacement"))
         yield from speculative_generate(
@@ -152,9 +155,14 @@ class TextGenerator:
             times.append(time.perf_counter() - started)
         return sorted(times)[len(times) // 2]
 
-    def _drafter(self, kind: str | None, knobs: dict, processing: Processing):
+    def _drafter(self, kind: str | None, knobs: dict, processing: Processing, policy=None):
         if kind is None:
             return None
+        if kind == "model" and hasattr(policy, "stop"):  # SVIP / Kangaroo stop token by token
+            from specgen.modalities.tree_drafter import StoppingModelDrafter
+
+            return StoppingModelDrafter(self.draft_model, processing, policy,
+                                        target_vocab_size=self.model.config.vocab_size)
         if kind == "model":
             return ModelDrafter(self.draft_model, processing, target_vocab_size=self.model.config.vocab_size)
         if kind == "ngram":

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tiny_models import save_tiny_pair
+from specgen.modalities.model_drafter import ModelDrafter
 from specgen.modalities.text.generator import TextGenerator, load_causal_lm
 from specgen.modalities.tree_drafter import TreeDrafter, parse_accept_probs, tree_drafter
 from specgen.errors import InvalidRequest
@@ -124,3 +125,45 @@ def test_sampled_tree_methods_follow_the_target(generator, method):
     fit = goodness_of_fit([tuple(s["tokens"]) for s in result.samples], expected)
     assert fit.p_value > 1e-4, fit
     assert result.stats["tau"] > 1.05  # drafts are accepted: the test exercises the tree rule
+
+
+# ---- adaptive draft length: policies change how much is drafted, never what is committed ---------------------
+
+SCHEDULES = ("svip", "kangaroo", "cost", "heuristic")
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_greedy_output_is_the_same_with_every_length_schedule(generator, schedule):
+    plain = generator.generate("abc abc abc (x", method="ar", max_new_tokens=40)
+    spec = generator.generate("abc abc abc (x", method="draft", max_new_tokens=40, length_schedule=schedule,
+                              num_draft_tokens=6)
+    assert spec.tokens == plain.tokens
+    batch = generator.generate("abc abc abc (x", method="draft", max_new_tokens=40, length_schedule=schedule,
+                               num_draft_tokens=6, num_samples=2)
+    assert all(s["tokens"] == plain.tokens for s in batch.samples)
+
+
+def test_stopping_drafter_is_ragged_and_respects_the_policy(pair):
+    from specgen.modalities.tree_drafter import StoppingModelDrafter
+
+    class StopRowOneAfterTwo:
+        def stop(self, law, previous_law, index):
+            return torch.tensor([False, index >= 2])
+
+    drafter = StoppingModelDrafter(load_causal_lm(pair[1]), Processing(temperature=0), StopRowOneAfterTwo())
+    ctx = DecodeContext([torch.tensor([0, 5, 6]), torch.tensor([0, 7])], torch.arange(2), torch.arange(2))
+    draft = drafter.propose(ctx, 5)
+    assert draft.drafted().tolist() == [5, 2]
+    plain = ModelDrafter(load_causal_lm(pair[1]), Processing(temperature=0)).propose(ctx, 5)
+    assert torch.equal(draft.tokens, plain.tokens)  # the same greedy chain, cut per row
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["svip", "kangaroo", "cost"])
+def test_sampled_length_schedules_follow_the_target(generator, schedule):
+    processing = Processing(temperature=1.0, top_k=4)
+    result = generator.generate("ab", method="draft", temperature=1.0, top_k=4, seed=13, num_samples=2000,
+                                max_new_tokens=3, length_schedule=schedule, num_draft_tokens=3)
+    expected = target_joint(HFTable(generator.model), processing, generator.encode("ab").tolist(), 3)
+    fit = goodness_of_fit([tuple(s["tokens"]) for s in result.samples], expected)
+    assert fit.p_value > 1e-4, fit

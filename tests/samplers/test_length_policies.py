@@ -1,0 +1,82 @@
+"""Adaptive draft-length policies: SVIP's entropy stop, Kangaroo's confidence stop and the cost model, as units.
+Their invariance (greedy output identical with and without each policy, sampled output following the target) is
+tested on a tiny transformers pair in tests/modalities/test_tree_drafter.py."""
+
+import math
+
+import pytest
+import torch
+
+from specgen.errors import InvalidRequest
+from specgen.samplers.length_policies import (ConfidenceLength, CostModelLength, SvipLength, entropy,
+                                              predicted_best_gamma)
+from specgen.samplers.policies import POLICIES, make_policy
+from specgen.samplers.stats import SpecStats, expected_tokens_per_step
+from specgen.samplers.types import Verdict
+
+PEAKED = torch.tensor([[0.97, 0.01, 0.01, 0.01]])
+FLAT = torch.full((1, 4), 0.25)
+
+
+def test_entropy():
+    assert entropy(FLAT).item() == pytest.approx(math.log(4))
+    assert entropy(torch.tensor([[1.0, 0.0]])).item() == 0.0
+
+
+def test_svip_stops_after_an_uncertain_token():
+    svip = SvipLength(16, threshold=0.3)  # sqrt(0.15 * H) > 0.3  <=>  H > 0.6 nats
+    laws = torch.cat([PEAKED, FLAT])
+    assert svip.stop(laws, torch.cat([FLAT, PEAKED]), 1).tolist() == [True, False]  # the previous law decides
+    assert svip.next_length() == 16
+
+
+def test_kangaroo_stops_before_an_unconfident_token():
+    kangaroo = ConfidenceLength(6, threshold=0.6)
+    assert kangaroo.stop(torch.cat([PEAKED, FLAT]), torch.cat([FLAT, FLAT]), 2).tolist() == [False, True]
+
+
+def _stats(windows: dict[int, float], accepted: int, rejections: int, drafted: int, draft_s: float) -> SpecStats:
+    stats = SpecStats(accepted=accepted, rejections=rejections, drafted=drafted, draft_s=draft_s)
+    for n, seconds in windows.items():
+        stats.verify_by_window[n] = [seconds * 4, 4]
+    return stats
+
+
+@pytest.mark.parametrize("alpha,draft_s,slope", [(0.8, 0.001, 0.0005), (0.5, 0.004, 0.002), (0.95, 0.0005, 0.0),
+                                                 (0.3, 0.01, 0.01)])
+def test_cost_model_picks_the_gamma_of_the_formula(alpha, draft_s, slope):
+    verify = lambda n: 0.02 + slope * n
+    stats = _stats({2: verify(2), 6: verify(6)}, accepted=int(1000 * alpha), rejections=1000 - int(1000 * alpha),
+                   drafted=1000, draft_s=1000 * draft_s)
+    choice = CostModelLength(5).decide(stats)
+    best = predicted_best_gamma(alpha, verify(1), draft_s, verify, 16)
+    assert choice["gamma"] == best
+    assert choice["verify_slope_s"] == pytest.approx(slope) and choice["alpha"] == pytest.approx(alpha)
+    brute = max(range(1, 17), key=lambda g: expected_tokens_per_step(alpha, g) * verify(1) / (g * draft_s + verify(g + 1)))
+    assert best == brute
+
+
+def test_cost_model_explores_then_decides():
+    stats = _stats({2: 0.021, 6: 0.025}, accepted=90, rejections=10, drafted=100, draft_s=0.1)
+    policy = make_policy("cost", 4)
+    policy.attach(stats)
+    verdict = Verdict(torch.tensor([1]), torch.tensor([[3, 4]]), torch.tensor([[0, 2]]), torch.tensor([4]))
+    lengths = [policy.next_length()]
+    for _ in range(4):
+        policy.observe(verdict)
+        lengths.append(policy.next_length())
+    assert lengths[:3] == [4, 1, 4] and lengths[3] == policy.choice["gamma"] > 4  # cheap drafts, good alpha
+    # without measurements it keeps its length
+    blind = CostModelLength(3)
+    for _ in range(5):
+        blind.observe(verdict)
+    assert blind.next_length() == 3
+
+
+def test_registry_of_schedules():
+    assert {"fixed", "heuristic", "svip", "kangaroo", "cost"} <= set(POLICIES)
+    assert make_policy("svip", 12).next_length() == 12
+    with pytest.raises(InvalidRequest):
+        make_policy("sometimes", 3)
+    with pytest.raises(InvalidRequest):
+        make_policy("kangaroo", 0)
