@@ -92,7 +92,8 @@ class ImageGenerator:
             raise InvalidRequest(f"num_samples must be >= 1, got {num_samples}")
         processing = self.processing(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
         prompt_ids = self.vocab.prompt_ids(prompt)
-        target = TransformersTarget(self.model)
+        capacity = len(prompt_ids) + self.vocab.image_tokens + knobs.get("window", 1)  # the cache never holds more
+        target = TransformersTarget(self.model, capacity=capacity)
         if processing.guidance_scale is not None:
             target = GuidedTarget(target, lambda _: self.vocab.uncond_ids())
         drafter, policy = None, FixedLength(0)

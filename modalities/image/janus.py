@@ -1,0 +1,151 @@
+"""Hugging Face Janus (`JanusForConditionalGeneration`) image generation on the shared core, so SJD, MC-SJD and
+Gumbel-coupled Jacobi decoding run it unchanged.
+
+Janus generates an image by feeding image codes back through `generation_embeddings` + `generation_aligner` and
+reading logits over the codebook from `generation_head`, with classifier-free guidance from a doubled batch whose
+unconditioned prompt keeps only BOS and BOI. `JanusImageLM` presents that path as a causal LM over one id space
+(ids below `num_codes` are image codes, text ids are shifted up by `num_codes`), so `TransformersTarget` scores
+windows through our position-indexed cache, and `GuidedTarget` doubles the batch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+from specgen.errors import InvalidRequest, ModelNotFound
+from specgen.modalities.transformers_adapter import TransformersTarget
+from specgen.samplers.acceptance import make_rule
+from specgen.samplers.guided import GuidedTarget
+from specgen.samplers.jacobi import JacobiDrafter
+from specgen.samplers.loop import speculative_generate
+from specgen.samplers.policies import FixedLength
+from specgen.samplers.processing import Processing
+from specgen.samplers.registry import get_method
+from specgen.samplers.stats import SpecStats
+
+
+class JanusImageLM(torch.nn.Module):
+    """The image-generation path of a Janus model as a causal LM: ids < num_codes are image codes, ids >= num_codes
+    are text token ids + num_codes; logits cover the codebook."""
+
+    def __init__(self, janus):
+        super().__init__()
+        self.janus = janus.eval()
+        self.num_codes = janus.model.generation_head.vision_head.out_features
+        text = janus.config.text_config
+        self.config = SimpleNamespace(vocab_size=self.num_codes, max_position_embeddings=text.max_position_embeddings,
+                                      layer_types=getattr(text, "layer_types", None),
+                                      sliding_window=getattr(text, "sliding_window", None))
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        model = self.janus.model
+        codes = ids < self.num_codes
+        image = model.generation_aligner(model.generation_embeddings(ids.clamp(max=self.num_codes - 1)))
+        text = self.janus.get_input_embeddings()((ids - self.num_codes).clamp(min=0))
+        return torch.where(codes[..., None], image, text)
+
+    def forward(self, input_ids, position_ids=None, attention_mask=None, cache=None, use_cache=True,
+                logits_to_keep: int = 0):
+        out = self.janus.model.language_model(inputs_embeds=self.embed(input_ids), position_ids=position_ids,
+                                              attention_mask=attention_mask, cache=cache, use_cache=use_cache)
+        hidden = out.last_hidden_state
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        return SimpleNamespace(logits=self.janus.model.generation_head(hidden))
+
+    def full_logits(self, ids: list[int]) -> torch.Tensor:
+        """[vocab] guidance-free logits of the next code after `ids` (one id space), without a cache: a reference."""
+        with torch.no_grad():
+            return self.forward(torch.tensor([ids]), use_cache=False).logits[0, -1]
+
+
+@dataclass(frozen=True)
+class JanusResult:
+    tokens: list[list[int]]  # image codes per sample
+    stats: dict
+
+
+class JanusImageGenerator:
+    """Janus image generation by `ar`, `sjd`, `mc-sjd` or `gumbel-sjd`.
+
+    `JanusImageGenerator(path)` loads a checkpoint offline (e.g. a downloaded Janus-Pro folder);
+    `JanusImageGenerator(model=...)` serves a loaded `JanusForConditionalGeneration`. Special token ids come from
+    the model's generation config (BOS, pad) and `boi_token_id` (its `generation_kwargs`)."""
+
+    def __init__(self, path: str | None = None, *, model=None, dtype=torch.float32, boi_token_id: int | None = None):
+        if model is None:
+            if path is None:
+                raise InvalidRequest("give a Janus checkpoint path or a loaded model")
+            model = _load(path, dtype)
+        self.lm = JanusImageLM(model)
+        generation = model.generation_config
+        self.bos = generation.bos_token_id
+        self.pad = generation.pad_token_id
+        self.boi = boi_token_id if boi_token_id is not None else (generation.generation_kwargs or {}).get("boi_token_id")
+        if self.boi is None or self.pad is None:
+            raise InvalidRequest("the Janus generation config needs pad_token_id and generation_kwargs['boi_token_id']")
+        self.num_image_tokens = model.model.vision_model.config.num_image_tokens
+        self.last_drafter = None
+
+    def shifted(self, input_ids) -> torch.Tensor:
+        """Text prompt ids -> the image LM's id space."""
+        return torch.as_tensor(input_ids, dtype=torch.long).flatten() + self.lm.num_codes
+
+    def uncond(self, prompt: torch.Tensor) -> torch.Tensor:
+        """Janus's unconditioned prompt: every token but BOS and BOI becomes pad (in the shifted id space)."""
+        text = prompt - self.lm.num_codes
+        keep = (text == self.bos) | (text == self.boi)
+        return torch.where(keep, prompt, self.pad + self.lm.num_codes)
+
+    def processing(self, *, temperature: float = 1.0, top_k: int = 0, guidance_scale: float = 5.0) -> Processing:
+        # Janus applies guidance only above 1; at or below it the conditioned logits are used as they are
+        return Processing(temperature=temperature, top_k=top_k,
+                          guidance_scale=guidance_scale if guidance_scale > 1 else None)
+
+    def stream(self, input_ids, *, method: str = "mc-sjd", temperature: float = 1.0, top_k: int = 0,
+               guidance_scale: float = 5.0, seed: int = 0, num_samples: int = 1, max_new_tokens: int | None = None,
+               stats: SpecStats | None = None, **params):
+        spec = get_method("image", method)
+        knobs = spec.resolve_knobs(params)
+        prompt = self.shifted(input_ids)
+        if int(prompt[-1]) - self.lm.num_codes != self.boi:
+            raise InvalidRequest(f"a Janus image prompt ends with the BOI token ({self.boi})")
+        processing = self.processing(temperature=temperature, top_k=top_k, guidance_scale=guidance_scale)
+        max_new_tokens = max_new_tokens or self.num_image_tokens
+        capacity = len(prompt) + max_new_tokens + knobs.get("window", 1)  # the cache never holds more
+        target = GuidedTarget(TransformersTarget(self.lm, capacity=capacity), self.uncond)  # uncond always runs
+        drafter, policy = None, FixedLength(0)
+        if spec.drafter is not None:
+            drafter = JacobiDrafter(self.lm.num_codes, spec.drafter.removeprefix("jacobi-"), knobs["init"])
+            policy = FixedLength(knobs["window"] - 1)
+        self.last_drafter = drafter
+        yield from speculative_generate(target, drafter, make_rule(spec.rule, processing), [prompt] * num_samples,
+                                        processing=processing, max_new_tokens=max_new_tokens,
+                                        policy=policy, seed=seed, stats=stats)
+
+    def generate(self, input_ids, *, method: str = "mc-sjd", **options) -> JanusResult:
+        stats = SpecStats()
+        tokens: list[list[int]] = [[] for _ in range(options.get("num_samples", 1))]
+        started = time.perf_counter()
+        for event in self.stream(input_ids, method=method, stats=stats, **options):
+            tokens[event.row].extend(event.tokens)
+        summary = stats.summary(method=method, lossless=True, wall_s=time.perf_counter() - started)
+        return JanusResult(tokens, summary)
+
+    def decode(self, tokens: list[list[int]]):
+        """Image codes -> pixels with Janus's own VQ decoder: float [batch, 3, H, W] in [-1, 1]."""
+        with torch.no_grad():
+            return self.lm.janus.decode_image_tokens(torch.tensor(tokens))
+
+
+def _load(path: str, dtype):
+    from transformers import JanusForConditionalGeneration
+
+    try:
+        return JanusForConditionalGeneration.from_pretrained(path, dtype=dtype, local_files_only=True).eval()
+    except (OSError, ValueError) as exc:
+        raise ModelNotFound(f"cannot load a Janus model from {path!r} offline: {str(exc).splitlines()[0]}") from None
