@@ -75,26 +75,35 @@ class JacobiDrafter:
             if window is not None and window.position == int(starts[i]):  # else stale: start afresh
                 m = min(budget, len(window.tokens))
                 tokens[i, :m], laws[i, :m], filled[i] = window.tokens[:m], window.laws[:m].double(), m
-        previous = torch.tensor([int(t[-1]) for t in ctx.tokens])
-        for slot in range(budget):  # empty slots: one vectorised fill per slot ("left" reads the slot before)
-            empty = filled <= slot
-            if bool(empty.any()):
-                token, law = self._initial(ctx, starts, slot, previous)
-                tokens[:, slot] = torch.where(empty, token, tokens[:, slot])
-                laws[:, slot] = torch.where(empty[:, None], law, laws[:, slot])
-            previous = tokens[:, slot]
+        empty = torch.arange(budget) >= filled[:, None]  # [rows, budget] slots the window has no draft for
+        if bool(empty.any()):
+            token, law = self._initial(ctx, starts, budget, tokens, filled)
+            tokens = torch.where(empty, token, tokens)
+            laws = torch.where(empty[..., None], law, laws)
         self._last = (rows, starts, ctx.sample_ids, ctx.seed, tokens, laws)
         return Draft(tokens, laws)
 
-    def _initial(self, ctx: DecodeContext, starts, slot, previous):
-        uniform = counter_uniform(ctx.seed, ctx.sample_ids, starts + slot, Purpose.JACOBI_INIT, starts)
-        law = self.init_law.expand(len(previous), -1)
-        token = kernels.sample_categorical(law, uniform)
-        if self.init == "left":  # copy the previous token where it may be drafted (not e.g. a prompt token)
-            copy = (previous >= 0) & (previous < self.vocab_size)
-            copy &= self.init_law[previous.clamp(0, self.vocab_size - 1)] > 0
-            one_hot = torch.zeros_like(law).scatter_(-1, previous.clamp(0, self.vocab_size - 1)[:, None], 1.0)
-            token, law = torch.where(copy, previous, token), torch.where(copy[:, None], one_hot, law)
+    def _initial(self, ctx: DecodeContext, starts, budget: int, tokens, filled):
+        """Initial drafts and their laws for every slot [rows, budget] (only the empty ones are used)."""
+        slots = torch.arange(budget)
+        uniform = counter_uniform(ctx.seed, ctx.sample_ids[:, None], starts[:, None] + slots, Purpose.JACOBI_INIT,
+                                  starts[:, None])
+        law = self.init_law.expand(len(filled), budget, -1)
+        token = kernels.sample_categorical(law, uniform)  # "random": uniform draws, law uniform
+        if self.init == "left":
+            # Each empty slot copies the one before it, so they all repeat the token before the first empty slot;
+            # where that token may not be drafted (e.g. the prompt's last token) the first empty slot is drawn
+            # uniformly instead and the rest copy it.
+            pending = torch.tensor([int(t[-1]) for t in ctx.tokens])
+            before = torch.where(filled > 0, tokens.gather(1, (filled - 1).clamp(min=0)[:, None]).squeeze(1), pending)
+            ok = (before >= 0) & (before < self.vocab_size)
+            ok &= self.init_law[before.clamp(0, self.vocab_size - 1)] > 0
+            first = filled.clamp(max=budget - 1)
+            copied = torch.where(ok, before, token.gather(1, first[:, None]).squeeze(1))  # [rows]
+            one_hot = torch.zeros(len(filled), self.vocab_size, dtype=law.dtype).scatter_(-1, copied[:, None], 1.0)
+            drawn_first = (~ok)[:, None] & (slots == first[:, None])  # keeps its uniform law
+            token = torch.where(drawn_first, token, copied[:, None].expand(-1, budget))
+            law = torch.where(drawn_first[..., None], law, one_hot[:, None, :].expand(-1, budget, -1))
         return token, law
 
     def observe(self, verdict: Verdict) -> None:
