@@ -1,10 +1,17 @@
-"""Measure Sequoia's acceptance-by-rank vector for a target/draft pair (the `accept_probs` knob of `sequoia`).
+"""Measure Sequoia's acceptance-by-rank vector for a target/draft pair (the `accept_probs` knob of `sequoia`),
+or sweep the tree methods over node budgets.
 
     python -m specgen.app.calibrate [--model M] [--draft D] [--width 8] [--temperature 0] [--prompts 8]
         [--max-new-tokens 64] [--threads 1] [--json]
+    python -m specgen.app.calibrate --sweep [--budgets 4,8,16,32] [--methods sequoia,dyspec,eagle2]
+        [--max-new-tokens 128] [--threads 1] [--out-dir benchmarks]
 
-Prompts are the openings (first 400 characters) of held-out corpus files (the code model's validation split), so
-the benchmark prompts stay unseen. Prints the vector as the knob value and the Sequoia trees it implies.
+Calibration prompts are the openings (first 400 characters) of held-out corpus files (the code model's validation
+split), so the benchmark prompts stay unseen. It prints the vector as the knob value and the Sequoia trees it
+implies. The sweep runs greedy decoding of the benchmark prompts (benchmarks/prompts/text.jsonl) with `ar`,
+`draft` and every tree method at every budget, interleaved per prompt in rotated order, and writes
+trees-sweep-<time>.{json,md,png}: τ, steps and the median per-prompt speedup over `ar` (tokens/s ratio within a
+round, bootstrap 95 % CI) per budget, and whether every output equals `ar`'s.
 """
 
 from __future__ import annotations
@@ -12,6 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--sweep", action="store_true", help="tree methods over node budgets instead")
+    parser.add_argument("--budgets", default="4,8,16,32")
+    parser.add_argument("--methods", default="sequoia,dyspec,eagle2")
+    parser.add_argument("--out-dir", type=Path)
     args = parser.parse_args(argv)
+    if args.sweep:
+        return sweep(args)
 
     from specgen.modalities.text.corpus import load_corpus
     from specgen.modalities.text.generator import TextGenerator
@@ -48,6 +64,132 @@ def main(argv: list[str] | None = None) -> int:
         for n, tree in result["trees"].items():
             print(f"budget {n:>2}: expected tau {tree['expected_tau']:.3f}  parents {tree['parents']}")
     return 0
+
+
+def sweep(args) -> int:
+    import torch
+
+    from specgen.app.bench_text import (_cpu_model, _load, benchmarks_dir, bootstrap_median_ci, load_prompts,
+                                        source_state)
+    from specgen.modalities.text.generator import TextGenerator
+    from specgen.samplers.stats import SpecStats
+
+    source, load_before = source_state(), _load()
+    generator = TextGenerator(args.model, args.draft, threads=args.threads)
+    prompts = load_prompts(benchmarks_dir() / "prompts" / "text.jsonl")
+    budgets = [int(b) for b in args.budgets.split(",")]
+    variants = [("ar", "ar", {}), ("draft", "draft", {})]
+    variants += [(f"{m}[{b}]", m, {"tree_budget": b}) for m in args.methods.split(",") for b in budgets]
+    for _, method, params in variants:  # warm-up
+        for _ in generator.stream(prompts[0].prompt, method=method, max_new_tokens=16, **params):
+            pass
+    rows = []
+    for index, prompt in enumerate(prompts):
+        order = variants[index % len(variants):] + variants[:index % len(variants)]
+        outcome = {}
+        for name, method, params in order:
+            stats, tokens = SpecStats(), []
+            started = time.perf_counter()
+            for event in generator.stream(prompt.prompt, method=method, max_new_tokens=args.max_new_tokens,
+                                          stats=stats, **params):
+                tokens.extend(event.tokens)
+            outcome[name] = (tokens, time.perf_counter() - started, stats)
+            print(f"{prompt.id} {name}", file=sys.stderr, flush=True)
+        ar_tokens, ar_s, _ = outcome["ar"]
+        for name, method, params in variants:
+            tokens, wall_s, stats = outcome[name]
+            rows.append({"prompt_id": prompt.id, "name": name, "method": method, **params,
+                         "new_tokens": len(tokens), "steps": stats.steps, "tau": stats.committed / max(stats.steps, 1),
+                         "drafted_per_step": stats.drafted / max(stats.row_steps, 1), "wall_s": wall_s,
+                         "draft_s": stats.draft_s, "verify_s": stats.verify_s,
+                         "speedup_vs_ar": (len(tokens) / wall_s) / (len(ar_tokens) / ar_s),
+                         "identical_to_ar": tokens == ar_tokens})
+    summary = {}
+    for name, method, params in variants:
+        mine = [r for r in rows if r["name"] == name]
+        median, low, high = bootstrap_median_ci([r["speedup_vs_ar"] for r in mine])
+        steps = sum(r["steps"] for r in mine)
+        summary[name] = {"method": method, "tree_budget": params.get("tree_budget"),
+                         "tau": sum(r["new_tokens"] for r in mine) / steps, "steps": steps,
+                         "drafted_per_step": sum(r["drafted_per_step"] * r["steps"] for r in mine) / steps,
+                         "draft_s_per_step": sum(r["draft_s"] for r in mine) / steps,
+                         "verify_s_per_step": sum(r["verify_s"] for r in mine) / steps,
+                         "speedup_vs_ar": median, "speedup_vs_ar_ci95": [low, high],
+                         "identical_to_ar": all(r["identical_to_ar"] for r in mine)}
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    command = "python -m specgen.app.calibrate " + " ".join(sys.argv[1:])
+    result = {"summary": summary, "items": rows,
+              "env": {"command": command, "threads": args.threads, "max_new_tokens": args.max_new_tokens,
+                      "greedy": True, "prompts": len(prompts), "cpu": _cpu_model(), "load_before": load_before,
+                      "load_after": _load(), "torch": torch.__version__, **source,
+                      "model": generator.model_path, "draft": generator.draft_path}}
+    out = args.out_dir or benchmarks_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"trees-sweep-{stamp}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    stem.with_suffix(".md").write_text(sweep_markdown(result, stem.with_suffix(".png").name), encoding="utf-8")
+    sweep_png(stem.with_suffix(".png"), summary, budgets)
+    print(json.dumps({"files": [str(stem.with_suffix(s)) for s in (".json", ".md", ".png")], "summary": summary}))
+    return 0
+
+
+def sweep_markdown(result: dict, png: str) -> str:
+    env = result["env"]
+    lines = ["# Draft trees: τ and speedup against the node budget", "",
+             f"`{env['command']}` — greedy, {env['prompts']} prompts, {env['max_new_tokens']} new tokens, "
+             f"{env['threads']} thread(s), {env['cpu']}, load average before {env['load_before']} / after "
+             f"{env['load_after']}, commit {env['git_commit']} (dirty: {env['git_dirty']}). Speedup = tokens/s over "
+             "`ar` in the same round, median over prompts [bootstrap 95 % CI]. The machine was shared: read the "
+             "ratios and τ, not the absolute times.", "",
+             "| variant | budget | τ | steps | drafted nodes / step | draft s / step | verify s / step | "
+             "speedup vs ar [95 % CI] | identical to ar |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, m in result["summary"].items():
+        low, high = m["speedup_vs_ar_ci95"]
+        lines.append(f"| `{name}` | {m['tree_budget'] or '—'} | {m['tau']:.2f} | {m['steps']} | "
+                     f"{m['drafted_per_step']:.1f} | {m['draft_s_per_step'] * 1e3:.1f} ms | "
+                     f"{m['verify_s_per_step'] * 1e3:.1f} ms | {m['speedup_vs_ar']:.2f}× [{low:.2f}, {high:.2f}] | "
+                     f"{'yes' if m['identical_to_ar'] else 'NO'} |")
+    lines += ["", f"![τ and speedup against the budget]({png})", ""]
+    return "\n".join(lines)
+
+
+def sweep_png(path: Path, summary: dict, budgets: list[int]) -> None:
+    """Two panels (τ, speedup) against the budget, one line per tree method; Pillow only."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    try:
+        font = ImageFont.load_default(size=14)
+    except TypeError:
+        font = ImageFont.load_default()
+    width, height, pad = 1100, 420, 60
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    colours = {"sequoia": (31, 119, 180), "dyspec": (214, 39, 40), "eagle2": (44, 160, 44)}
+    methods = sorted({m["method"] for m in summary.values() if m["tree_budget"]})
+    panels = [("τ (committed tokens per step)", "tau"), ("speedup vs ar", "speedup_vs_ar")]
+    for p, (title, key) in enumerate(panels):
+        left, right = pad + p * width // 2, (p + 1) * width // 2 - 20
+        top, bottom = 40, height - pad
+        values = [m[key] for m in summary.values()]
+        high = max(values) * 1.1
+        low = min(0.0, min(values))
+        draw.text((left, 10), title, fill="black", font=font)
+        draw.line([(left, bottom), (right, bottom)], fill="black")
+        draw.line([(left, top), (left, bottom)], fill="black")
+        x = lambda i: left + 20 + i * (right - left - 40) / max(len(budgets) - 1, 1)
+        y = lambda v: bottom - (v - low) / (high - low) * (bottom - top)
+        for i, b in enumerate(budgets):
+            draw.text((x(i) - 6, bottom + 5), str(b), fill="black", font=font)
+        draw.text((left + (right - left) // 2 - 40, bottom + 25), "tree budget (nodes)", fill="black", font=font)
+        for base, colour in (("ar", (120, 120, 120)), ("draft", (255, 127, 14))):
+            v = summary[base][key]
+            draw.line([(left, y(v)), (right, y(v))], fill=colour, width=1)
+            draw.text((right - 45, y(v) - 16), base, fill=colour, font=font)
+        for method in methods:
+            points = [(x(i), y(summary[f"{method}[{b}]"][key])) for i, b in enumerate(budgets)]
+            draw.line(points, fill=colours.get(method, (0, 0, 0)), width=3)
+            draw.text((points[-1][0] - 60, points[-1][1] - 18), method, fill=colours.get(method, (0, 0, 0)), font=font)
+    image.save(path)
 
 
 if __name__ == "__main__":

@@ -103,7 +103,8 @@ class TreeDrafter(ModelDrafter):
             builder = trees.StaticBuilder(root, order, shape)
         elif self.construction == "dyspec":
             max_depth = depth_cap if self.max_depth is None else min(self.max_depth, depth_cap)
-            builder = trees.DySpecBuilder(root, order, self.budget, max_depth)
+            # DySpec expands every node added since the last draft forward: about four rounds per tree
+            builder = trees.DySpecBuilder(root, order, self.budget, max_depth, per_round=-(-self.budget // 4))
         else:
             builder = trees.Eagle2Builder(root, order, self.budget, self.top_k, min(self.depth, depth_cap))
         holder.append(builder)

@@ -284,12 +284,15 @@ class DySpecBuilder(TreeBuilder):
     max-heap under the token-free key V(u) * (r-th largest probability of law_u). Candidates are popped while
     their key is at least the value of every node whose law is still unknown (its children's keys cannot exceed
     its value), so batching the draft forwards per round gives exactly the sequential best-first tree.
-    `token_key=True` keys a candidate by its drawn token instead (not exact: a negative control)."""
+    `per_round` > 1 keeps popping (up to that many nodes per round) past the point where a node's law is missing,
+    as DySpec batches the expansion: fewer draft forwards, a tree that is best-first up to that delay, and
+    exactness untouched (keys stay token-free). `token_key=True` keys a candidate by its drawn token instead (not
+    exact: a negative control)."""
 
     def __init__(self, root_token: int, order: Order, budget: int, max_depth: int | None = None,
-                 token_key: bool = False):
+                 token_key: bool = False, per_round: int = 1):
         super().__init__(root_token, order)
-        self.budget, self.max_depth, self.token_key = budget, max_depth, token_key
+        self.budget, self.max_depth, self.token_key, self.per_round = budget, max_depth, token_key, per_round
         self.values, self.depth = [1.0], [0]
         self._heap: list = []
         self._pending: list[int] = []  # nodes whose law is asked for
@@ -313,15 +316,18 @@ class DySpecBuilder(TreeBuilder):
     def step(self, laws):
         self._store(laws)
         for node in self._pending:
-            self._sorted[node] = self.laws[node].double().sort(descending=True).values
+            law = self.laws[node]
+            self._sorted[node] = law.topk(min(self.budget, law.shape[-1])).values.double()
             if self.max_depth is None or self.depth[node] < self.max_depth:
                 self._push(node, 0)
         self._pending = []
+        popped = 0
         while len(self.tokens) <= self.budget and self._heap:
             key = -self._heap[0][0]
-            if self._pending and key < max(self.values[n] for n in self._pending):
+            if popped >= self.per_round and self._pending and key < max(self.values[n] for n in self._pending):
                 break  # a node whose law is unknown may have better children: ask for its law first
             _, _, parent, rank = heapq.heappop(self._heap)
+            popped += 1
             token = self.child_token(parent, rank, self.budget)
             node = self.add(parent, token)
             self.values.append(self.values[parent] * float(self.laws[parent][token]))
@@ -465,8 +471,8 @@ def gumbel_order(law: torch.Tensor, exponential: torch.Tensor, width: int) -> to
 
 
 def top_order(law: torch.Tensor, width: int) -> torch.Tensor:
-    """The `width` most probable tokens, first index on ties (deterministic candidates)."""
-    return law.double().sort(descending=True, stable=True).indices[:width]
+    """The `width` most probable tokens (deterministic candidates; any fixed rule for ties is exact)."""
+    return law.topk(min(width, law.shape[-1])).indices
 
 
 # ---- exact enumeration of a builder (the oracle's proposals) ----------------------------------------------------
@@ -541,3 +547,70 @@ def enumerate_builder(make_builder, law, prefix, siblings: str):
                             for l in builder.laws])
         probs = None if siblings == "deterministic" else laws[None]
         yield prob, DraftTree(torch.tensor([builder.tokens]), torch.tensor([builder.parents]), probs)
+
+
+# ---- greedy verification of a tree -------------------------------------------------------------------------------
+
+class GreedyTreeMatch:
+    """Temperature 0 on a tree (EAGLE's `evaluate_posterior`, greedy branch): from the root, descend into the first
+    child equal to the target's argmax at the current node; where none is, commit that argmax (recovered when the
+    node had children, bonus at a leaf). The same decisions as TreeRejection("deterministic") under a one-hot
+    target, without its per-sibling residual arithmetic over the vocabulary."""
+
+    lossless = True
+    name = "tree-greedy"
+    uses_noise = False
+
+    def decision_probs(self, tree, target_probs: torch.Tensor):
+        from specgen.samplers.acceptance import GreedyMatch
+        from specgen.samplers.types import Decisions, Draft
+
+        if isinstance(tree, Draft):
+            return GreedyMatch().decision_probs(tree, target_probs)
+        argmax = target_probs.argmax(-1)  # [batch, nodes]
+        parents = tree.verified_parents
+        parent_argmax = argmax.gather(1, parents.clamp(min=0))
+        accept = ((tree.tokens == parent_argmax) & (parents >= 0)).double()
+        accept[:, 0] = 0.0
+        emit = torch.zeros_like(target_probs, dtype=torch.float64).scatter_(-1, argmax[..., None], 1.0)
+        return Decisions(accept, emit)
+
+    def __call__(self, tree, target_probs: torch.Tensor, noise=None):
+        from specgen.kernels import PLACEHOLDER, tree_children
+        from specgen.samplers.acceptance import GreedyMatch
+        from specgen.samplers.types import Draft, TokenSource, Verdict
+
+        if isinstance(tree, Draft):  # a chain (e.g. nothing drafted at the end of a run)
+            return GreedyMatch()(tree, target_probs, noise)
+        argmax = target_probs.argmax(-1)  # [batch, nodes]
+        children = tree_children(tree.verified_parents)  # [batch, nodes, width]
+        batch = tree.batch_size
+        rows = torch.arange(batch)
+        width = int(tree.depths.max()) + 1
+        path = torch.full((batch, width), -1, dtype=torch.long)
+        tokens = torch.full((batch, width), PLACEHOLDER, dtype=torch.long)
+        path[:, 0] = 0
+        node = torch.zeros(batch, dtype=torch.long)
+        depth = torch.zeros(batch, dtype=torch.long)
+        done = torch.zeros(batch, dtype=torch.bool)
+        rejected = torch.zeros(batch, dtype=torch.bool)
+        while not bool(done.all()):
+            kids = children[rows, node]  # [batch, width]
+            want = argmax[rows, node]
+            match = (kids >= 0) & (tree.tokens[rows[:, None], kids.clamp(min=0)] == want[:, None])
+            found = match.any(-1) & ~done
+            chosen = kids.gather(1, match.int().argmax(-1, keepdim=True)).squeeze(1)
+            stopping = ~done & ~found
+            tokens[rows, depth] = torch.where(stopping, want, torch.where(found, tree.tokens[rows, chosen.clamp(min=0)],
+                                                                          tokens[rows, depth]))
+            rejected |= stopping & (kids >= 0).any(-1)
+            depth = depth + found.long()
+            node = torch.where(found, chosen, node)
+            path[rows, depth.clamp(max=width - 1)] = torch.where(found, chosen, path[rows, depth.clamp(max=width - 1)])
+            done |= stopping
+        slots = torch.arange(width)
+        emitted = torch.where(rejected, int(TokenSource.RECOVERED), int(TokenSource.BONUS))
+        source = torch.where(slots < depth[:, None], int(TokenSource.ACCEPTED), -1)
+        source = source.scatter(1, depth[:, None], emitted[:, None])
+        drafted = torch.full((batch,), tree.num_nodes - 1, dtype=torch.long)
+        return Verdict(num_accepted=depth, tokens=tokens, source=source, num_drafted=drafted, accepted_path=path)

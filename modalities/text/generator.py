@@ -123,6 +123,10 @@ class TextGenerator:
         drafter = self._drafter(spec.drafter, knobs, processing, policy)
         eos = self.tokenizer.eos_token_id
         rule = make_rule(spec.rule, processing, siblings=getattr(drafter, "siblings", "without_replacement"))
+        if spec.rule == "tree" and processing.greedy:  # the same decisions, without residual arithmetic
+            from specgen.samplers.trees import GreedyTreeMatch
+
+            rule = GreedyTreeMatch()
         yield from speculative_generate(
             TransformersTarget(self.model, capacity + getattr(drafter, "max_nodes", 0)), drafter, rule,
             [prompt_ids] * num_samples,

@@ -166,6 +166,12 @@ def test_dyspec_without_replacement_is_exact():
     assert exact(DYSPEC, "without_replacement") < 1e-9
 
 
+def test_dyspec_batched_rounds_are_exact():
+    """Popping past a node whose law is unknown (DySpec's batched expansion) keeps the keys token-free."""
+    batched = lambda root, order: trees.DySpecBuilder(root, order, 3, per_round=2)
+    assert exact(batched, "without_replacement", horizon=2) < 1e-9
+
+
 def test_dyspec_and_eagle2_deterministic_are_exact():
     assert exact(DYSPEC, "deterministic") < 1e-9
     assert exact(EAGLE2, "deterministic") < 1e-9
@@ -284,3 +290,32 @@ def test_loop_samples_the_target(construction, siblings):
 def test_loop_catches_a_token_keyed_dyspec():
     _, fits = loop_fits(loop_drafter("dyspec", "without_replacement", token_key=True), "without_replacement")
     assert min(f.p_value for f in fits) < P_FAIL
+
+
+# ---- greedy tree verification -----------------------------------------------------------------------------------
+
+def test_greedy_tree_match_gives_the_greedy_sequence():
+    greedy = Processing(temperature=0)
+    for make in (STATIC, DYSPEC, EAGLE2):
+        proposals = lambda prefix: trees.enumerate_builder(make, law(DRAFT, PLAIN), prefix, "deterministic")
+        out = exact_output(TARGET, greedy, trees.GreedyTreeMatch(), proposals, PROMPT, HORIZON)
+        assert max_abs_diff(out, target_joint(TARGET, greedy, PROMPT, HORIZON)) < 1e-12
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_greedy_tree_match_equals_the_deterministic_rule_under_a_one_hot_target(seed):
+    from specgen.samplers.types import AcceptanceNoise, DraftTree
+
+    generator = torch.Generator().manual_seed(seed)
+    batch, nodes, vocab = 3, 9, 4
+    parents = torch.stack([torch.tensor([-1] + [int(torch.randint(0, n, (1,), generator=generator))
+                                                for n in range(1, nodes)]) for _ in range(batch)])
+    tokens = torch.randint(0, vocab, (batch, nodes), generator=generator)
+    tree = DraftTree(tokens, parents, depth_limit=torch.tensor([9, 2, 1]))
+    target = Processing(temperature=0)(torch.randn(batch, nodes, vocab, generator=generator))
+    noise = AcceptanceNoise(torch.full((batch, nodes), 0.5, dtype=torch.float64),
+                            torch.full((batch, nodes), 0.5, dtype=torch.float64))
+    fast = trees.GreedyTreeMatch()(tree, target, noise)
+    slow = TreeRejection("deterministic")(tree, target, noise)
+    assert torch.equal(fast.num_accepted, slow.num_accepted) and torch.equal(fast.tokens, slow.tokens)
+    assert torch.equal(fast.source, slow.source) and torch.equal(fast.accepted_path, slow.accepted_path)
