@@ -213,3 +213,23 @@ def mel_distance(reference: torch.Tensor, other: torch.Tensor) -> float:
     if n == 0:
         raise InvalidRequest("mel_distance needs two non-empty frame sequences")
     return float((reference[:n] - other[:n]).abs().mean())
+
+
+def dtw_mel_distance(reference: torch.Tensor, other: torch.Tensor) -> float:
+    """Mean absolute log-mel difference along the best monotonic alignment (dynamic time warping, steps (1,0),
+    (0,1), (1,1)), divided by the path length: for signals of different timing, such as generated speech."""
+    a, b = torch.as_tensor(reference).double(), torch.as_tensor(other).double()
+    if len(a) == 0 or len(b) == 0:
+        raise InvalidRequest("dtw_mel_distance needs two non-empty frame sequences")
+    cost = torch.cdist(a, b, p=1).numpy() / a.shape[1]  # [n, m] mean |difference| per bin
+    n, m = cost.shape
+    total = np.full((n + 1, m + 1), np.inf)
+    steps = np.zeros((n + 1, m + 1))
+    total[0, 0] = 0.0
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            moves = ((total[i - 1, j - 1], steps[i - 1, j - 1]), (total[i - 1, j], steps[i - 1, j]),
+                     (total[i, j - 1], steps[i, j - 1]))
+            best, length = min(moves, key=lambda t: t[0])
+            total[i, j], steps[i, j] = best + cost[i - 1, j - 1], length + 1
+    return float(total[n, m] / steps[n, m])

@@ -166,6 +166,7 @@ class LMTask:
         n_val = min(VAL_UTTERANCES, max(1, len(seqs) // 10))
         self.train_idx, self.val_idx = list(range(len(seqs) - n_val)), list(range(len(seqs) - n_val, len(seqs)))
         self.seqs = seqs
+        self._by_length = sorted(self.train_idx, key=lambda i: (len(seqs[i]), i))
         self.model = build_speech_lm(cfg.role, self.vocab, **(cfg.overrides or {}))
 
     def _batch(self, idx: list[int]):
@@ -181,10 +182,16 @@ class LMTask:
         return ids, labels
 
     def batch(self, step: int):
+        """batch_size utterances of similar length (drawn from one of the length-sorted pools of 4 * batch_size),
+        so little of a batch is padding."""
         import numpy as np
 
         rng = np.random.default_rng((self.cfg.seed, step))
-        return self._batch([self.train_idx[j] for j in rng.integers(0, len(self.train_idx), self.cfg.batch_size)])
+        pool = 4 * self.cfg.batch_size
+        by_length = self._by_length
+        start = int(rng.integers(0, max(1, len(by_length) - pool + 1)))
+        window = by_length[start:start + pool]
+        return self._batch([window[j] for j in rng.integers(0, len(window), self.cfg.batch_size)])
 
     def loss(self, batch, reduction: str = "mean"):
         import torch.nn.functional as F
