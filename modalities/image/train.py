@@ -25,9 +25,9 @@ from specgen.errors import InvalidRequest
 
 ROLES = ("vq", "target", "draft")
 DEFAULTS = {  # role -> (steps, batch size, peak lr); the shipped recipe
-    "vq": (700, 32, 1e-3),
-    "target": (1500, 8, 1.5e-3),
-    "draft": (2000, 16, 2e-3),
+    "vq": (800, 32, 1e-3),
+    "target": (1000, 8, 1.5e-3),
+    "draft": (1500, 16, 2e-3),
 }
 LOSS_WINDOW = 50  # the reported final train loss is the mean over this many last steps
 
@@ -468,7 +468,7 @@ def card_figures(folder: Path, per_source: int = 64, sample_prompts: tuple[str, 
         model, vocab = load_image_lm(folder / "target"), load_image_vocab(folder / "target")
         g = torch.Generator().manual_seed(seed)
         images = [decode(vq, sample_codes(model, vocab, prompts, temperature=1.0, top_k=100, guidance=3.0,
-                                          generator=g)) for _ in range(2)]
+                                          generator=g)) for _ in range(4)]
         _grid_png([np.stack([im[k] for im in images]) for k in range(len(prompts))], folder / "samples.png")
         report["sample_prompts"] = prompts
     return report
@@ -479,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--role", choices=ROLES)
     p.add_argument("--card", type=Path, default=None, metavar="FOLDER",
                    help="measure FOLDER/vq and write the model card figures into FOLDER (e.g. assets/image)")
-    p.add_argument("--steps", type=int, default=None, help="default: vq 700, target 1500, draft 2000")
+    p.add_argument("--steps", type=int, default=None, help="default: vq 800, target 1000, draft 1500")
     p.add_argument("--batch-size", type=int, default=None, help="default: vq 32, target 8, draft 16")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: vq 1e-3, target 1.5e-3, "
                                                           "draft 2e-3)")

@@ -11,8 +11,8 @@ from specgen.modalities.image import data
 from specgen.modalities.image.models import default_paths
 from specgen.modalities.image.vq import build_vq, decode, encode, load_vq, psnr, save_vq
 
-# Measured on the shipped VQ over 32 held-out glyphs (see assets/image/README.md), less a margin.
-SHIPPED_GLYPH_PSNR_MIN = 20.0
+# The shipped VQ measured 24.9 dB over these 32 held-out glyphs (assets/image/README.md); 2 dB of margin.
+SHIPPED_GLYPH_PSNR_MIN = 23.0
 
 TINY = dict(down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
             block_out_channels=(8, 8), norm_num_groups=4, latent_channels=4, vq_embed_dim=4,
