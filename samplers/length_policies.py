@@ -125,3 +125,71 @@ def predicted_best_gamma(alpha: float, ar_step_s: float, draft_token_s: float, v
     score = lambda g: expected_tokens_per_step(alpha, g) * ar_step_s / (g * draft_token_s + verify_s(g + 1))
     return max(range(1, maximum + 1), key=lambda g: (score(g), -g))
 
+
+
+# ---- TETRIS: which drafted tokens a batch verifies under a capacity ------------------------------------------------
+
+def tetris_select(accept_estimates: torch.Tensor, capacity: int, num_drafted: torch.Tensor | None = None) -> torch.Tensor:
+    """TETRIS (Wu et al., arXiv 2502.15197): given per-token acceptance estimates [batch, k] of each row's drafted
+    chain and a budget of `capacity` verified drafted tokens for the whole batch, keep the `capacity` prefixes'
+    tokens with the largest cumulative estimates P_ij = prod_{t <= j} a_it. P is non-increasing along a row, so the
+    choice is a prefix per row; a max-heap over the rows' next tokens takes O(capacity log batch). Ties go to the
+    lower row. Returns the number of drafted tokens kept per row [batch] (expected accepted tokens maximised under
+    independence)."""
+    import heapq
+
+    batch, k = accept_estimates.shape
+    limit = torch.full((batch,), k, dtype=torch.long) if num_drafted is None else num_drafted.clone()
+    cumulative = accept_estimates.double().clamp(0, 1).cumprod(-1).tolist()
+    kept = [0] * batch
+    heap = [(-cumulative[b][0], b) for b in range(batch) if int(limit[b]) > 0]
+    heapq.heapify(heap)
+    for _ in range(max(capacity, 0)):
+        if not heap:
+            break
+        _, b = heapq.heappop(heap)
+        kept[b] += 1
+        if kept[b] < int(limit[b]):
+            heapq.heappush(heap, (-cumulative[b][kept[b]], b))
+    return torch.tensor(kept, dtype=torch.long)
+
+
+class TetrisDrafter:
+    """Wraps a chain drafter: every row drafts up to the loop's budget, then TETRIS keeps, across the active rows,
+    the `capacity` drafted tokens with the largest cumulative acceptance estimates; rows become ragged.
+
+    The estimate at slot j is the draft's confidence there, max_x q_j(x), known before x_j is drawn. Using the
+    drafted token's own probability q_j(x_j) (estimate="drafted_token", the paper's proxy) lets a token's draw
+    decide whether it is verified, which biases the output (a negative control in the tests); with the confidence
+    the cut depends only on what was drawn before each token, and verification stays exact."""
+
+    def __init__(self, inner, capacity: int, estimate: str = "confidence"):
+        if capacity < 0:
+            raise InvalidRequest(f"capacity must be >= 0, got {capacity}")
+        if estimate not in ("confidence", "drafted_token"):
+            raise InvalidRequest(f"unknown TETRIS estimate {estimate!r}")
+        self.inner, self.capacity, self.estimate = inner, capacity, estimate
+
+    def propose(self, ctx, budget: int):
+        from specgen.samplers.types import Draft
+
+        draft = self.inner.propose(ctx, budget)
+        if draft.length == 0 or draft.draft_probs is None:
+            return draft
+        if self.estimate == "confidence":
+            estimates = draft.draft_probs.max(-1).values
+        else:
+            index = draft.tokens if draft.vocab_ids is None else _draft_index(draft)
+            estimates = draft.draft_probs.gather(-1, index[..., None]).squeeze(-1)
+        kept = tetris_select(estimates, self.capacity, draft.drafted())
+        return Draft(draft.tokens, draft.draft_probs, kept, draft.vocab_ids)
+
+    def observe(self, verdict: Verdict) -> None:
+        self.inner.observe(verdict)
+
+
+def _draft_index(draft) -> torch.Tensor:
+    """Draft-vocabulary index of each drafted target id (for drafts over a reduced vocabulary)."""
+    lookup = torch.full((int(draft.vocab_ids.max()) + 1,), 0, dtype=torch.long)
+    lookup[draft.vocab_ids] = torch.arange(len(draft.vocab_ids))
+    return lookup[draft.tokens]
