@@ -166,7 +166,7 @@ def sweep_png(path: Path, summary: dict, budgets: list[int]) -> None:
     draw = ImageDraw.Draw(image)
     colours = {"sequoia": (31, 119, 180), "dyspec": (214, 39, 40), "eagle2": (44, 160, 44)}
     methods = sorted({m["method"] for m in summary.values() if m["tree_budget"]})
-    panels = [("τ (committed tokens per step)", "tau"), ("speedup vs ar", "speedup_vs_ar")]
+    panels = [("tau (committed tokens per step)", "tau"), ("speedup vs ar (tokens/s ratio, median over prompts)", "speedup_vs_ar")]
     for p, (title, key) in enumerate(panels):
         left, right = pad + p * width // 2, (p + 1) * width // 2 - 20
         top, bottom = 40, height - pad
@@ -178,6 +178,9 @@ def sweep_png(path: Path, summary: dict, budgets: list[int]) -> None:
         draw.line([(left, top), (left, bottom)], fill="black")
         x = lambda i: left + 20 + i * (right - left - 40) / max(len(budgets) - 1, 1)
         y = lambda v: bottom - (v - low) / (high - low) * (bottom - top)
+        for tick in (low, (low + high) / 2, high):
+            draw.line([(left - 4, y(tick)), (left, y(tick))], fill="black")
+            draw.text((left - 45, y(tick) - 8), f"{tick:.2f}", fill="black", font=font)
         for i, b in enumerate(budgets):
             draw.text((x(i) - 6, bottom + 5), str(b), fill="black", font=font)
         draw.text((left + (right - left) // 2 - 40, bottom + 25), "tree budget (nodes)", fill="black", font=font)
