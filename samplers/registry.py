@@ -153,6 +153,13 @@ register(MethodSpec("eagle2", "text", True,
                     drafter="tree-eagle2", rule="tree", paper="Li et al. 2024, EAGLE-2 (arXiv 2406.16858)",
                     knobs=(TREE_BUDGET, Knob("top_k", int, 4, "candidates per expanded node and frontier width", 1, 32),
                            Knob("depth", int, 5, "expansion rounds (deepest node)", 1, 32))))
+register(MethodSpec("svip", "text", True,
+                    "a draft model proposes a chain and stops drafting where its entropy predicts rejection "
+                    "(sqrt(0.15 H) > threshold); exact rejection sampling (greedy match at temperature 0)",
+                    drafter="model", rule="chain", policy="svip", paper="Zhang et al. 2024, SVIP (arXiv 2411.18462)",
+                    knobs=(Knob("num_draft_tokens", int, 12, "the most tokens drafted per step", 1, 64),
+                           Knob("entropy_threshold", float, 0.3, "stop after a token drawn from a law with "
+                                "sqrt(0.15 * entropy) above this", 0.0, 10.0))))
 
 
 # ---- image ------------------------------------------------------------------------------------

@@ -115,6 +115,10 @@ class TextGenerator:
                                  f"({len(prompt_ids)} tokens, context {capacity}), got {max_new_tokens}")
         if spec.rule == "tree":  # the loop's draft length caps the tree's depth
             policy = make_policy("fixed", knobs.get("max_depth", knobs.get("depth", 0)))
+        elif spec.policy == "svip":
+            from specgen.samplers.length_policies import SvipLength
+
+            policy = SvipLength(knobs["num_draft_tokens"], threshold=knobs["entropy_threshold"])
         else:
             policy = make_policy(knobs.get("length_schedule", "fixed"), knobs.get("num_draft_tokens", 0))
         stats = stats if stats is not None else SpecStats()

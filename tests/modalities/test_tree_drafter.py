@@ -132,6 +132,17 @@ def test_sampled_tree_methods_follow_the_target(generator, method):
 SCHEDULES = ("svip", "kangaroo", "cost", "heuristic")
 
 
+def test_svip_method_equals_plain_decoding_and_drafts_less(generator):
+    plain = generator.generate("abc abc abc (x", method="ar", max_new_tokens=40)
+    svip = generator.generate("abc abc abc (x", method="svip", max_new_tokens=40)
+    capped = generator.generate("abc abc abc (x", method="draft", max_new_tokens=40, num_draft_tokens=12)
+    assert svip.tokens == plain.tokens and svip.stats["lossless"]
+    assert svip.stats["mean_draft_length"] < capped.stats["mean_draft_length"]
+    sampled = generator.generate("ab", method="svip", temperature=1.0, seed=3, num_samples=2, max_new_tokens=12,
+                                 entropy_threshold=2.0)
+    assert sampled.stats["drafted"] > 0
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_greedy_output_is_the_same_with_every_length_schedule(generator, schedule):
     plain = generator.generate("abc abc abc (x", method="ar", max_new_tokens=40)
