@@ -106,7 +106,8 @@ class TreeDrafter(ModelDrafter):
             # DySpec expands every node added since the last draft forward: about four rounds per tree
             builder = trees.DySpecBuilder(root, order, self.budget, max_depth, per_round=-(-self.budget // 4))
         else:
-            builder = trees.Eagle2Builder(root, order, self.budget, self.top_k, min(self.depth, depth_cap))
+            # a node deeper than the budget cannot be among the budget best (its ancestors score at least as high)
+            builder = trees.Eagle2Builder(root, order, self.budget, self.top_k, min(self.depth, depth_cap, self.budget))
         holder.append(builder)
         return builder
 
