@@ -26,7 +26,7 @@ from specgen.errors import InvalidRequest
 ROLES = ("vq", "target", "draft")
 DEFAULTS = {  # role -> (steps, batch size, peak lr); the shipped recipe
     "vq": (800, 32, 1e-3),
-    "target": (1000, 8, 1.5e-3),
+    "target": (1800, 8, 1.5e-3),
     "draft": (1500, 16, 2e-3),
 }
 LOSS_WINDOW = 50  # the reported final train loss is the mean over this many last steps
@@ -479,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--role", choices=ROLES)
     p.add_argument("--card", type=Path, default=None, metavar="FOLDER",
                    help="measure FOLDER/vq and write the model card figures into FOLDER (e.g. assets/image)")
-    p.add_argument("--steps", type=int, default=None, help="default: vq 800, target 1000, draft 1500")
+    p.add_argument("--steps", type=int, default=None, help="default: vq 800, target 1800, draft 1500")
     p.add_argument("--batch-size", type=int, default=None, help="default: vq 32, target 8, draft 16")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: vq 1e-3, target 1.5e-3, "
                                                           "draft 2e-3)")
