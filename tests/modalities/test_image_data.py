@@ -5,10 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from specgen.modalities.image import data
+from specgen.modalities.image.conditions import (
+    EXAMPLE_PROMPTS,
+    ImageVocab,
+    default_vocab,
+)
 
 from specgen.errors import InvalidRequest, ModelNotFound
-from specgen.modalities.image import data
-from specgen.modalities.image.conditions import EXAMPLE_PROMPTS, ImageVocab, default_vocab
 
 
 def test_items_are_deterministic_and_independent_of_the_slice():

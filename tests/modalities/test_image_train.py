@@ -7,12 +7,12 @@ import math
 
 import pytest
 import torch
-
-from specgen.errors import InvalidRequest, ModelNotFound
 from specgen.modalities.image.conditions import ImageVocab
 from specgen.modalities.image.models import load_image_lm, load_image_vocab
 from specgen.modalities.image.train import main
 from specgen.modalities.image.vq import load_vq
+
+from specgen.errors import InvalidRequest, ModelNotFound
 
 VQ_TINY = ["--batch-size", "2", "--eval-images", "3", "--eval-every", "1"]
 LM_TINY = ["--batch-size", "2", "--eval-images", "3", "--num-images", "12", "--eval-every", "1"]

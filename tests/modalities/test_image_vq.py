@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from specgen.errors import InvalidRequest, ModelNotFound
 from specgen.modalities.image import data
 from specgen.modalities.image.models import default_paths
 from specgen.modalities.image.vq import build_vq, decode, encode, load_vq, psnr, save_vq
+
+from specgen.errors import InvalidRequest, ModelNotFound
 
 # The shipped VQ measured 24.9 dB over these 32 held-out glyphs (assets/image/README.md); 2 dB of margin.
 SHIPPED_GLYPH_PSNR_MIN = 23.0
