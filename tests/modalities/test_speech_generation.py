@@ -1,6 +1,8 @@
 """SpeechGenerator on tiny random speech models: speculative decoding equals plain greedy decoding token for token,
 sampling matches the exact target (chi-square), and bad requests get clear errors."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -111,3 +113,16 @@ def test_bad_requests_get_clear_errors(tiny, tmp_path):
         SpeechGenerator(tmp_path / "missing", draft, codec)
     with pytest.raises(InvalidRequest, match="needs a draft"):
         SpeechGenerator(target, None, codec).generate("hello", method="sd")
+
+
+SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "speech"
+
+
+@pytest.mark.skipif(not (SHIPPED / "draft" / "model.safetensors").exists(), reason="the speech models are not shipped")
+def test_shipped_pair_greedy_sd_equals_ar():
+    generator = SpeechGenerator()
+    plain = generator.generate("keep them in one big pile.", method="ar", temperature=0, max_new_tokens=48,
+                               decode=False)
+    spec = generator.generate("keep them in one big pile.", method="sd", temperature=0, max_new_tokens=48,
+                              decode=False)
+    assert spec.tokens == plain.tokens and spec.stats["tau"] > 1.5

@@ -2,6 +2,7 @@
 loads; all on a small synthetic token file (no corpus, no shipped models)."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -62,3 +63,20 @@ def test_export_only_and_mismatched_settings(token_file, tmp_path):
     with pytest.raises(InvalidRequest, match="no checkpoint"):
         train(config(token_file, tmp_path / "empty", 2), export_only=True)
     assert len(load_tokens(token_file)["offsets"]) == 25
+
+
+SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "speech"
+
+
+@pytest.mark.skipif(not (SHIPPED / "corpus" / "tokens.npz").exists(), reason="the encoded corpus is not shipped")
+def test_train_speech_command_runs_two_steps_then_resumes(tmp_path, capsys):
+    from specgen.app.cli import main
+
+    argv = ["--threads", "1", "train", "speech", "--role", "draft", "--tokens", str(SHIPPED / "corpus"),
+            "--out", str(tmp_path / "run")]
+    assert main([*argv, "--steps", "2"]) == 0
+    assert main([*argv, "--steps", "3"]) == 0
+    summary = json.loads((tmp_path / "run" / "training.json").read_text())
+    assert summary["steps"] == 3 and summary["resumed_from_steps"] == [2] and summary["params"] == 677_760
+    assert (tmp_path / "run" / "export" / "model.safetensors").exists()
+    capsys.readouterr()
