@@ -280,7 +280,22 @@ def write_outputs(result: dict, out_dir: Path, plot: bool = True) -> dict[str, P
     samples_name = samples.name if samples.exists() else None
     paths["json"].write_text(json.dumps(result, indent=1) + "\n")
     paths["md"].write_text(render_markdown(result, plot_name, samples_name))
+    write_latest(result, paths, out_dir, samples if samples_name else None)
     return paths
+
+
+def write_latest(result: dict, paths: dict[str, Path], out_dir: Path, samples: Path | None) -> None:
+    """image-latest.* beside the dated files; the latest report points at the latest plot and samples."""
+    import shutil
+
+    for kind in ("json", "png"):
+        if kind in paths:
+            shutil.copyfile(paths[kind], out_dir / f"image-latest.{kind}")
+    if samples is not None:
+        shutil.copyfile(samples, out_dir / "image-latest-samples.png")
+    (out_dir / "image-latest.md").write_text(render_markdown(
+        result, "image-latest.png" if "png" in paths else None,
+        "image-latest-samples.png" if samples is not None else None))
 
 
 def bench_image(args) -> int:

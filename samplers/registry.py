@@ -171,7 +171,7 @@ register(MethodSpec("ar", "image", True, "plain autoregressive decoding of the v
 register(MethodSpec("sjd", "image", True,
                     "speculative Jacobi decoding: the model drafts its own window; uncommitted slots are re-drafted "
                     "independently from this step's law", drafter="jacobi-independent", rule="chain",
-                    paper="Teng et al. 2024", knobs=(Knob("window", int, 16, WINDOW.help, 2, 256), JACOBI_INIT)))
+                    paper="Teng et al. 2024", knobs=(Knob("window", int, 8, WINDOW.help, 2, 256), JACOBI_INIT)))
 register(MethodSpec("mc-sjd", "image", True,
                     "Jacobi decoding with maximal coupling: uncommitted slots keep their draft with probability "
                     "min(1, new law / old law), so the window settles", drafter="jacobi-maximal", rule="chain",

@@ -37,6 +37,8 @@ def test_bench_image_measures_every_method_and_window(generator, tmp_path):
     text = paths["md"].read_text()
     assert "mc-sjd" in text and "Greedy exactness: 4 of 4" in text and "samples" in text
     assert Image.open(paths["png"]).size[0] > 400
+    assert "image-latest.png" in (tmp_path / "image-latest.md").read_text()
+    assert (tmp_path / "image-latest-samples.png").exists() and (tmp_path / "image-latest.json").exists()
     assert Image.open(tmp_path / "bench-image-x-samples.png").size == (2 * 16 * 2, 3 * 16 * 2)
 
 
