@@ -2,7 +2,7 @@
 
 In:  {"id", "modality", "prompt"|"class"|"text", "method"?, "params"?, "seed"?}
 Out: {"id", "status": "ok"|"error", "result"|"error", "stats"}; an image item's result names its PNG, written to
-     OUT-images/<id>.png beside OUT.jsonl (several samples: one grid).
+     OUT-images/<id>.png beside OUT.jsonl (several samples: one grid), a speech item's its WAV in OUT-audio/.
 
 The whole input is validated before any work (exit 2 naming the line). Each result line is flushed and
 fsync'ed as it is written, so a killed run loses nothing; a rerun skips the ids already in the output.
@@ -31,8 +31,8 @@ MAX_SEED = 2**63 - 1
 SOURCE_FIELDS = {"text": ("prompt",), "image": ("prompt", "class"), "video": ("prompt", "class"),
                  "speech": ("text",)}
 KNOWN_FIELDS = {"id", "modality", "prompt", "class", "text", "method", "params", "seed", "category"}
-RUNNABLE = ("text", "image")  # modalities this version generates
-DEFAULT_METHOD = {"image": "mc-sjd"}  # text: "draft" when a draft model is loaded, else "ar"
+RUNNABLE = ("text", "image", "speech")  # modalities this version generates
+DEFAULT_METHOD = {"image": "mc-sjd", "speech": "sd"}  # text: "draft" when a draft model is loaded, else "ar"
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,13 @@ IMAGE_OPTIONS = {  # generation options every image method takes
     "guidance_scale": lambda v: _check_float("guidance_scale", v, 0.0),
     "num_samples": TEXT_OPTIONS["num_samples"],
 }
-OPTIONS = {"text": TEXT_OPTIONS, "image": IMAGE_OPTIONS}
+SPEECH_OPTIONS = {  # generation options every speech method takes
+    "voice": lambda v: v if isinstance(v, str) and v else _check_int("voice", v, 0),
+    "temperature": TEXT_OPTIONS["temperature"],
+    "top_k": TEXT_OPTIONS["top_k"],
+    "max_new_tokens": TEXT_OPTIONS["max_new_tokens"],
+}
+OPTIONS = {"text": TEXT_OPTIONS, "image": IMAGE_OPTIONS, "speech": SPEECH_OPTIONS}
 
 
 def _method_params(modality: str, method: str, params: dict) -> dict:
@@ -218,10 +224,12 @@ class Generators:
     """One generator per modality, each loaded on first use (`text` may be given ready-made)."""
 
     def __init__(self, text=None, *, model: str | None = None, draft: str | None = None, threads: int = 1,
-                 image=None, image_model: str | None = None, image_vq: str | None = None):
-        self.loaded = {"text": text, "image": image}
+                 image=None, image_model: str | None = None, image_vq: str | None = None, speech=None,
+                 speech_paths: tuple = (None, None, None)):
+        self.loaded = {"text": text, "image": image, "speech": speech}
         self.model, self.draft, self.threads = model, draft, threads
         self.image_model, self.image_vq = image_model, image_vq
+        self.speech_paths = speech_paths  # (model, draft, codec); None = the shipped ones
 
     def get(self, modality: str):
         if self.loaded.get(modality) is None:
@@ -229,27 +237,31 @@ class Generators:
                 from specgen.modalities.text.generator import TextGenerator
 
                 self.loaded["text"] = TextGenerator(self.model, self.draft, threads=self.threads)
-            else:
+            elif modality == "image":
                 from specgen.modalities.image.generator import ImageGenerator
 
                 self.loaded["image"] = ImageGenerator(self.image_model, self.image_vq, threads=self.threads)
+            else:
+                from specgen.modalities.speech.generator import SpeechGenerator
+
+                self.loaded["speech"] = SpeechGenerator(*self.speech_paths, threads=self.threads)
         return self.loaded[modality]
 
 
-def image_path(image_dir: Path, request: Request) -> Path:
-    """A file name for an item's image: its id where that is a safe name, else the safe part plus a hash."""
+def media_path(folder: Path, request: Request, suffix: str) -> Path:
+    """A file name for an item's image or audio: its id where that is a safe name, else the safe part plus a hash."""
     import hashlib
     import re
 
     name = re.sub(r"[^A-Za-z0-9._-]", "_", str(request.id))
     if name != str(request.id) or name.startswith("."):
         name += "-" + hashlib.sha256(str(request.id).encode()).hexdigest()[:8]
-    return image_dir / f"{name}.png"
+    return folder / f"{name}{suffix}"
 
 
-def run_item(generators, request: Request, image_dir: Path | None = None) -> dict:
+def run_item(generators, request: Request, media_stem: Path | str = "batch") -> dict:
     """One result record; every failure becomes an error record. `generators` is a `Generators` (or, for text
-    only, one generator). Images are written to image_dir and the record names the file."""
+    only, one generator). Images go to MEDIA_STEM-images/, audio to MEDIA_STEM-audio/; the record names the file."""
     if request.modality not in RUNNABLE:
         return {"id": request.id, "status": "error", "error": not_available(request.modality), "stats": None}
     try:
@@ -263,10 +275,17 @@ def run_item(generators, request: Request, image_dir: Path | None = None) -> dic
     if request.modality == "image":
         from specgen.app.image_commands import grid_image
 
-        path = image_path(Path(image_dir or "."), request)
+        path = media_path(Path(f"{media_stem}-images"), request, ".png")
         path.parent.mkdir(parents=True, exist_ok=True)
         grid_image(result.images).save(path)
         output = {"image": str(path), "tokens": result.tokens[0] if len(result.tokens) == 1 else result.tokens}
+    elif request.modality == "speech":
+        from specgen.modalities.speech.codec import write_wav
+
+        path = media_path(Path(f"{media_stem}-audio"), request, ".wav")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_wav(path, result.audio, result.sample_rate)
+        output = {"audio": str(path), "tokens": result.tokens}
     elif request.params.get("num_samples", 1) == 1:
         output = {"text": result.text, "tokens": result.tokens}
     else:
@@ -362,9 +381,9 @@ def _progress(total: int, disable: bool):
 
 
 def _run_local(pending: list[Request], writer: ResultWriter, summary: Summary, generators, progress,
-               image_dir: Path) -> None:
+               media_stem: Path) -> None:
     for request in pending:
-        record = run_item(generators, request, image_dir)
+        record = run_item(generators, request, media_stem)
         writer.write(record)
         summary.add(request, record)
         progress.set_postfix(ok=summary.ok, error=summary.error, refresh=False)
@@ -372,20 +391,20 @@ def _run_local(pending: list[Request], writer: ResultWriter, summary: Summary, g
 
 
 def _run_ray(pending: list[Request], writer: ResultWriter, summary: Summary, model, draft, threads, workers,
-             progress, image_dir: Path, image_model=None, image_vq=None) -> None:
+             progress, media_stem: Path, image_model=None, image_vq=None) -> None:
     import ray
 
     started_here = not ray.is_initialized()
     ray.init(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     try:
-        _schedule_ray(ray, pending, writer, summary, model, draft, threads, workers, progress, image_dir, image_model,
+        _schedule_ray(ray, pending, writer, summary, model, draft, threads, workers, progress, media_stem, image_model,
                       image_vq)
     finally:
         if started_here:
             ray.shutdown()
 
 
-def _schedule_ray(ray, pending, writer, summary, model, draft, threads, workers, progress, image_dir, image_model,
+def _schedule_ray(ray, pending, writer, summary, model, draft, threads, workers, progress, media_stem, image_model,
                   image_vq) -> None:
     runnable = [r for r in pending if r.modality in RUNNABLE]
     for request in pending:  # nothing to schedule for modalities this version does not generate
@@ -401,10 +420,10 @@ def _schedule_ray(ray, pending, writer, summary, model, draft, threads, workers,
     class Worker:
         def __init__(self):
             self.generators = Generators(model=model, draft=draft, threads=threads, image_model=image_model,
-                                         image_vq=image_vq)
+                                         image_vq=image_vq)  # speech on Ray uses the shipped models
 
         def run(self, request):
-            return run_item(self.generators, request, image_dir)
+            return run_item(self.generators, request, media_stem)
 
     count = max(1, min(workers, len(runnable)))
     actors = [Worker.remote() for _ in range(count)]
@@ -432,7 +451,7 @@ def _schedule_ray(ray, pending, writer, summary, model, draft, threads, workers,
 def run_batch(input_path, output_path, *, engine: str = "local", model: str | None = None,
               draft: str | None = None, threads: int = 1, generator=None, workers: int | None = None,
               progress: bool = True, image_generator=None, image_model: str | None = None,
-              image_vq: str | None = None) -> dict:
+              image_vq: str | None = None, speech_generator=None, speech_paths: tuple = (None, None, None)) -> dict:
     """Validate IN, skip ids already in OUT, run the rest, and return the summary dict."""
     input_path, output_path = Path(input_path), Path(output_path)
     if engine not in ("local", "ray"):
@@ -455,8 +474,9 @@ def run_batch(input_path, output_path, *, engine: str = "local", model: str | No
     summary = Summary(items=len(requests), skipped=len(requests) - len(pending))
 
     generators = Generators(generator, model=model, draft=draft, threads=threads, image=image_generator,
-                            image_model=image_model, image_vq=image_vq)
-    image_dir = output_path.with_name(output_path.stem + "-images")
+                            image_model=image_model, image_vq=image_vq, speech=speech_generator,
+                            speech_paths=speech_paths)
+    media_stem = output_path.with_name(output_path.stem)  # OUT-images/ and OUT-audio/ beside OUT.jsonl
     started = time.perf_counter()
     if engine == "local":
         for modality in sorted({r.modality for r in pending if r.modality in RUNNABLE}):
@@ -470,9 +490,9 @@ def run_batch(input_path, output_path, *, engine: str = "local", model: str | No
     try:
         if engine == "ray":
             _run_ray(pending, writer, summary, model, draft, threads,
-                     workers or max(1, (os.cpu_count() or 1) // max(threads, 1)), bar, image_dir, image_model, image_vq)
+                     workers or max(1, (os.cpu_count() or 1) // max(threads, 1)), bar, media_stem, image_model, image_vq)
         else:
-            _run_local(pending, writer, summary, generators, bar, image_dir)
+            _run_local(pending, writer, summary, generators, bar, media_stem)
     finally:
         bar.close()
         writer.close()
@@ -483,7 +503,8 @@ def batch_command(args) -> int:
     """The `specgen batch` handler: the summary table on stderr, `--json` puts the summary on stdout."""
     summary = run_batch(args.input, args.output, engine=args.engine, model=getattr(args, "model", None),
                         draft=getattr(args, "draft", None), threads=args.threads,
-                        image_model=getattr(args, "image_model", None), image_vq=getattr(args, "image_vq", None))
+                        image_model=getattr(args, "image_model", None), image_vq=getattr(args, "image_vq", None),
+                        speech_paths=tuple(getattr(args, f"speech_{part}", None) for part in ("model", "draft", "codec")))
     print(summary_table(summary), file=sys.stderr)
     if getattr(args, "json", False):
         print(json.dumps(summary))

@@ -261,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--draft", help="text draft model path or id")
     batch.add_argument("--image-model", metavar="DIR", help="image token model folder (default: the shipped one)")
     batch.add_argument("--image-vq", metavar="DIR", help="image VQ tokenizer folder (default: the shipped one)")
+    batch.add_argument("--speech-model", metavar="DIR", help="speech token model folder (default: the shipped one)")
+    batch.add_argument("--speech-draft", metavar="DIR", help="speech draft model folder (default: the shipped one)")
+    batch.add_argument("--speech-codec", metavar="DIR", help="acoustic codebook folder (default: the shipped one)")
     batch.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
 
     train = commands.add_parser("train", help="train a model (resumes from checkpoints)",

@@ -174,7 +174,7 @@ class TextModels(LazyGenerator):
         return self._model or target, self._draft or (draft if self._model is None else None)
 
 
-def header_markdown(text_models: TextModels, image_models=None) -> str:
+def header_markdown(text_models: TextModels, image_models=None, speech_models=None) -> str:
     try:
         target, draft = text_models.paths()
     except Exception as exc:  # noqa: BLE001 - the header must render whatever happens
@@ -189,7 +189,8 @@ def header_markdown(text_models: TextModels, image_models=None) -> str:
             f"after every drafted token was accepted), **target** (plain decoding).  \n"
             + (image_models.describe() + "; Jacobi decoding (SJD, MC-SJD, Gumbel) needs no draft model.  \n"
                if image_models is not None else "")
-            + "Video and speech generation are not available in this version.")
+            + (speech_models.describe() + " with its draft model.  \n" if speech_models is not None else "")
+            + "Video generation is not available in this version.")
 
 
 # ---- callbacks ---------------------------------------------------------------------------------------------------
@@ -395,9 +396,8 @@ def make_unavailable_runner(modality: str):
         gr.Warning(message.replace("**", ""))
         return None, message
 
-    first = "text" if modality == "speech" else "prompt"
     run.__signature__ = inspect.Signature([inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-                                           for name in (first, "method")])
+                                           for name in ("prompt", "method")])
     return run
 
 
@@ -405,21 +405,23 @@ def make_unavailable_runner(modality: str):
 
 def build_demo(text_generator=None, *, model: str | None = None, draft: str | None = None,
                threads: int | None = 1, concurrency_limit: int = 1, text_models: TextModels | None = None,
-               image_generator=None, image_models=None):
+               image_generator=None, image_models=None, speech_generator=None, speech_models=None):
     """The Blocks app. Nothing heavy happens here: models load on the first request."""
     import gradio as gr
 
     from specgen.app.ui_image import ImageModels, build_image_tab
+    from specgen.app.ui_speech import SpeechModels, build_speech_tab
 
     text_models = text_models or TextModels(text_generator, model=model, draft=draft, threads=threads)
     image_models = image_models or ImageModels(image_generator, threads=threads)
+    speech_models = speech_models or SpeechModels(speech_generator, threads=threads)
     text_methods = registry.method_names("text")
     knobs = _text_knobs()
     default_method = "draft" if "draft" in text_methods else text_methods[0]
     default_own = {k.name for k in registry.get_method("text", default_method).knobs}
 
     with gr.Blocks(title="specgen") as demo:
-        header = gr.Markdown(header_markdown(text_models, image_models), elem_id="header")
+        header = gr.Markdown(header_markdown(text_models, image_models, speech_models), elem_id="header")
         with gr.Tabs():
             with gr.Tab("Text", id="text", elem_id="tab-text"):
                 with gr.Row():
@@ -458,28 +460,19 @@ def build_demo(text_generator=None, *, model: str | None = None, draft: str | No
 
             image_event = build_image_tab(gr, image_models, concurrency_limit=concurrency_limit,
                                           concurrency_id=MODEL_WORK)
-            unavailable = {}
-            for modality, title in (("video", "Video"), ("speech", "Speech")):
-                with gr.Tab(title, id=modality, elem_id=f"tab-{modality}"):
-                    gr.Markdown(not_available_message(modality))
-                    methods = registry.method_names(modality) or PLANNED_METHODS[modality]
-                    with gr.Row():
-                        with gr.Column(scale=1):
-                            if modality == "speech":
-                                source = gr.Textbox(label="Text to speak", lines=3, elem_id="speech-text")
-                            else:
-                                source = gr.Textbox(label="Prompt or class label", lines=2,
-                                                    elem_id=f"{modality}-prompt")
-                            m_method = gr.Dropdown(methods, value=methods[0], label="Method",
-                                                   elem_id=f"{modality}-method")
-                            m_run = gr.Button("Run", variant="primary", elem_id=f"{modality}-run")
-                        with gr.Column(scale=2):
-                            if modality == "speech":
-                                m_output = gr.Audio(label="Speech", elem_id="speech-output", interactive=False)
-                            else:
-                                m_output = gr.Image(label=title, elem_id=f"{modality}-output", interactive=False)
-                            m_stats = gr.Markdown(elem_id=f"{modality}-stats")
-                    unavailable[modality] = (source, m_method, m_run, m_output, m_stats)
+            speech_event = build_speech_tab(gr, speech_models, concurrency_limit=concurrency_limit,
+                                            concurrency_id=MODEL_WORK)
+            with gr.Tab("Video", id="video", elem_id="tab-video"):  # shows where video will appear
+                gr.Markdown(not_available_message("video"))
+                with gr.Row():
+                    with gr.Column(scale=1):
+                        v_source = gr.Textbox(label="Prompt or class label", lines=2, elem_id="video-prompt")
+                        methods = registry.method_names("video") or PLANNED_METHODS["video"]
+                        v_method = gr.Dropdown(methods, value=methods[0], label="Method", elem_id="video-method")
+                        v_run = gr.Button("Run", variant="primary", elem_id="video-run")
+                    with gr.Column(scale=2):
+                        v_output = gr.Image(label="Video", elem_id="video-output", interactive=False)
+                        v_stats = gr.Markdown(elem_id="video-stats")
 
         # ---- wiring ----
         def show_knobs(name):
@@ -491,13 +484,14 @@ def build_demo(text_generator=None, *, model: str | None = None, draft: str | No
                               [prompt, method, compare, temperature, top_p, seed, max_new_tokens, *knob_inputs],
                               [output, stats_panel, plot, stats_json], api_name="generate_text",
                               concurrency_limit=concurrency_limit, concurrency_id=MODEL_WORK)
-        for event in (run_event, image_event):
-            event.then(lambda: header_markdown(text_models, image_models), None, header, queue=False, api_name=False)
+        for event in (run_event, image_event, speech_event):
+            event.then(lambda: header_markdown(text_models, image_models, speech_models), None, header, queue=False,
+                       api_name=False)
         stop.click(None, None, None, cancels=[run_event], api_name=False)
-        for modality, (source, m_method, m_run, m_output, m_stats) in unavailable.items():
-            m_run.click(make_unavailable_runner(modality), [source, m_method], [m_output, m_stats],
-                        api_name=f"generate_{modality}", concurrency_limit=None)
-        demo.load(lambda: header_markdown(text_models, image_models), None, header, queue=False, api_name=False)
+        v_run.click(make_unavailable_runner("video"), [v_source, v_method], [v_output, v_stats],
+                    api_name="generate_video", concurrency_limit=None)
+        demo.load(lambda: header_markdown(text_models, image_models, speech_models), None, header, queue=False,
+                  api_name=False)
     demo.queue(max_size=64)
     return demo
 
@@ -514,8 +508,11 @@ def launch_demo(args) -> int:
 
     text_models = TextModels(model=getattr(args, "model", None), draft=getattr(args, "draft", None),
                              threads=args.threads)
+    from specgen.app.ui_speech import SpeechModels
+
     image_models = ImageModels(threads=args.threads)
-    demo = build_demo(text_models=text_models, image_models=image_models)
+    speech_models = SpeechModels(threads=args.threads)
+    demo = build_demo(text_models=text_models, image_models=image_models, speech_models=speech_models)
     try:
         demo.launch(server_name=args.host, server_port=args.port, show_error=True, ssr_mode=False,
                     footer_links=["api", "settings"], prevent_thread_lock=True)
@@ -523,6 +520,7 @@ def launch_demo(args) -> int:
         raise InvalidRequest(f"cannot serve on {args.host}:{args.port}: {exc}") from None
     text_models.preload()  # serving already; the first request waits for the models if they are not ready
     image_models.preload()
+    speech_models.preload()
     demo.block_thread()  # until Ctrl-C
     return 0
 

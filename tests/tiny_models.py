@@ -54,6 +54,30 @@ def save_tiny_image_model(root, *, num_codes, grid, seed=0):
     return root / "target", root / "vq"
 
 
+def save_tiny_speech_models(root, *, num_tokens, seed=0):
+    """A random target, a random draft and a random codebook for a vocabulary of `num_tokens` acoustic tokens."""
+    from specgen.modalities.speech.codec import AcousticCodec
+    from specgen.modalities.speech.models import SpeechVocab
+
+    vocab = SpeechVocab(num_tokens=num_tokens, voices=("slt", "awb"), chars="abcdefghijklmnopqrstuvwxyz ,.'?!-")
+    folders = {}
+    for role, hidden, layers in (("target", 32, 2), ("draft", 16, 1)):
+        torch.manual_seed(seed + (role == "draft"))
+        config = LlamaConfig(vocab_size=vocab.vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+                             num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                             max_position_embeddings=128, initializer_range=0.3, bos_token_id=vocab.bos,
+                             eos_token_id=vocab.eos)
+        model = LlamaForCausalLM(config)
+        with torch.no_grad():  # EOS logit 0: some samples stop early, most run to the cap
+            model.lm_head.weight[vocab.eos] = 0
+        model.save_pretrained(root / role)
+        vocab.save(root / role / "vocab.json")
+        folders[role] = root / role
+    g = torch.Generator().manual_seed(seed)
+    AcousticCodec(torch.randn(num_tokens, 80, generator=g) - 4).save(root / "codec")
+    return folders["target"], folders["draft"], root / "codec"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tiny_models import save_tiny, save_tiny_image_model
+from tiny_models import save_tiny, save_tiny_image_model, save_tiny_speech_models
 from specgen.app import batch as batch_module
 from specgen.app.cli import main
 from specgen.modalities.text.generator import TextGenerator
@@ -28,6 +28,11 @@ def image_pair(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def speech_paths(tmp_path_factory):
+    return tuple(map(str, save_tiny_speech_models(tmp_path_factory.mktemp("speech"), num_tokens=64)))
+
+
+@pytest.fixture(scope="module")
 def generator(pair):
     return TextGenerator(*pair)
 
@@ -36,7 +41,9 @@ ITEMS = [
     {"id": "greedy", "modality": "text", "prompt": "abc abc (x", "params": {"max_new_tokens": 12}},
     {"id": 2, "modality": "text", "prompt": "ab ab ab", "method": "ngram",
      "params": {"max_new_tokens": 10, "num_draft_tokens": 3}},
-    {"id": "speech", "modality": "speech", "text": "hello"},
+    {"id": "speech", "modality": "speech", "text": "hello", "method": "sd",
+     "params": {"temperature": 0.0, "max_new_tokens": 20}},
+    {"id": "video", "modality": "video", "class": "3"},
     {"id": "too-long", "modality": "text", "prompt": "ab", "params": {"max_new_tokens": 500}},
     {"id": "sampled", "modality": "text", "prompt": "ab", "seed": 3, "method": "draft",
      "params": {"temperature": 1.0, "top_p": 0.9, "num_samples": 2, "max_new_tokens": 8}},
@@ -63,12 +70,12 @@ def run_cli(argv, capsys):
 
 
 @pytest.fixture(scope="module")
-def full_run(pair, image_pair, tmp_path_factory):
+def full_run(pair, image_pair, speech_paths, tmp_path_factory):
     """One uninterrupted run through the command line (the reference for the resume tests)."""
     folder = tmp_path_factory.mktemp("full")
     source = write_jsonl(folder / "in.jsonl", ITEMS)
     summary = batch_module.run_batch(source, folder / "out.jsonl", model=pair[0], draft=pair[1], progress=False,
-                                     image_model=image_pair[0], image_vq=image_pair[1])
+                                     image_model=image_pair[0], image_vq=image_pair[1], speech_paths=speech_paths)
     return source, read_jsonl(folder / "out.jsonl"), summary
 
 
@@ -77,8 +84,10 @@ def test_every_item_gets_one_line_and_failures_are_recorded(full_run, generator,
     by_id = {r["id"]: r for r in records}
     assert [r["id"] for r in records] == [item["id"] for item in ITEMS]
     assert all(set(r) == {"id", "status", "result" if r["status"] == "ok" else "error", "stats"} for r in records)
-    assert {i for i, r in by_id.items() if r["status"] == "error"} == {"speech", "too-long", "bad/image"}
-    assert "not available in this version" in by_id["speech"]["error"]
+    assert {i for i, r in by_id.items() if r["status"] == "error"} == {"video", "too-long", "bad/image"}
+    assert "not available in this version" in by_id["video"]["error"]
+    speech = by_id["speech"]["result"]
+    assert speech["audio"] == str(source.parent / "out-audio" / "speech.wav") and len(speech["tokens"]) > 0
     assert "unknown word" in by_id["bad/image"]["error"]
     from PIL import Image
 
@@ -96,18 +105,20 @@ def test_every_item_gets_one_line_and_failures_are_recorded(full_run, generator,
     sampled = generator.generate("ab", method="draft", temperature=1.0, top_p=0.9, num_samples=2, seed=3,
                                  max_new_tokens=8)
     assert by_id["sampled"]["result"] == {"samples": sampled.samples}
-    assert (summary["ok"], summary["error"], summary["skipped"]) == (5, 3, 0)
+    assert (summary["ok"], summary["error"], summary["skipped"]) == (6, 3, 0)
     assert summary["tokens"] == sum(r["stats"]["committed"] for r in records if r["status"] == "ok")
     assert summary["mean_tau"] > 0 and summary["tokens_per_s"] > 0
 
 
-def test_resume_after_a_kill_loses_nothing_and_repeats_nothing(full_run, pair, image_pair, tmp_path, capsys):
+def test_resume_after_a_kill_loses_nothing_and_repeats_nothing(full_run, pair, image_pair, speech_paths, tmp_path,
+                                                               capsys):
     source, reference, _ = full_run
     out = tmp_path / "out.jsonl"
     lines = [json.dumps(r) for r in reference]
     # killed while writing the fourth line: three complete lines and part of the next one
     out.write_text("\n".join(lines[:3]) + "\n" + lines[3][: len(lines[3]) // 2])
-    images = ["--image-model", image_pair[0], "--image-vq", image_pair[1]]
+    images = ["--image-model", image_pair[0], "--image-vq", image_pair[1], "--speech-model", speech_paths[0],
+              "--speech-draft", speech_paths[1], "--speech-codec", speech_paths[2]]
     code, stdout, err = run_cli(["batch", "--input", str(source), "--output", str(out), "--model", pair[0],
                                  "--draft", pair[1], "--json", *images], capsys)
     assert code == 0, err
@@ -115,8 +126,9 @@ def test_resume_after_a_kill_loses_nothing_and_repeats_nothing(full_run, pair, i
     assert sorted(map(str, (r["id"] for r in records))) == sorted(str(item["id"]) for item in ITEMS)
     def strip(record):  # timings differ between runs, and images are written beside each run's output
         record = {k: v for k, v in record.items() if k != "stats"}
-        if "image" in record.get("result", {}):
-            record["result"] = {**record["result"], "image": record["result"]["image"].rsplit("/", 1)[-1]}
+        for media in ("image", "audio"):
+            if media in record.get("result", {}):
+                record["result"] = {**record["result"], media: record["result"][media].rsplit("/", 1)[-1]}
         return record
 
     strip, expected = [strip(r) for r in records], [strip(r) for r in reference]

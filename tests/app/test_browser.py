@@ -77,7 +77,7 @@ def test_image_tab_runs_in_the_browser(page, tmp_path):
     assert shot.stat().st_size > 10_000
 
 
-@pytest.mark.parametrize("tab, modality", [("Video", "video"), ("Speech", "speech")])
+@pytest.mark.parametrize("tab, modality", [("Video", "video")])
 def test_other_tabs_say_not_available_in_the_browser(page, tab, modality):
     page.get_by_role("tab", name=tab).click()
     page.click(f"#{modality}-run")

@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from tiny_models import free_port, save_tiny, save_tiny_image_model, serve
+from tiny_models import free_port, save_tiny, save_tiny_image_model, save_tiny_speech_models, serve
 from specgen.app.ui import COLOR_MAP, IncrementalDetokenizer, build_demo
 from specgen.modalities.text.generator import TextGenerator
 
@@ -40,8 +40,15 @@ def image_generator(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def app(generator, image_generator):
-    yield from serve(build_demo(generator, image_generator=image_generator))
+def speech_generator(tmp_path_factory):
+    from specgen.modalities.speech.generator import SpeechGenerator
+
+    return SpeechGenerator(*save_tiny_speech_models(tmp_path_factory.mktemp("speech"), num_tokens=64))
+
+
+@pytest.fixture(scope="module")
+def app(generator, image_generator, speech_generator):
+    yield from serve(build_demo(generator, image_generator=image_generator, speech_generator=speech_generator))
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +118,24 @@ def test_image_tab_rejects_bad_requests(client):
         client.predict(prompt="   ", method="ar", api_name="/generate_image")
 
 
-@pytest.mark.parametrize("endpoint, kwargs", [("/generate_video", {"prompt": "3"}),
-                                              ("/generate_speech", {"text": "hello"})])
-def test_other_tabs_say_not_available(client, endpoint, kwargs):
-    output, message = client.predict(**kwargs, method="ar", api_name=endpoint)
+def test_speech_tab_reports_stats_and_returns_audio(client, speech_generator):
+    job = client.submit(text="hello there", method="sd", voice="slt", temperature=0, compare=True,
+                        api_name="/generate_speech")
+    audio, stats_md, plot, stats = job.result(timeout=90)
+    assert len(job.outputs()) >= 2  # live statistics before the audio
+    import soundfile
+
+    samples, rate = soundfile.read(audio)
+    assert rate == 16000 and len(samples) > 0
+    alone = speech_generator.generate("hello there", method="sd", voice="slt", temperature=0)
+    assert stats["committed"] == alone.stats["committed"] and stats["identical_to_ar"] is True
+    assert "τ" in stats_md and "measured speedup vs plain decoding" in stats_md
+    with pytest.raises(Exception, match="Enter some text"):
+        client.predict(text="  ", method="sd", api_name="/generate_speech")
+
+
+def test_the_video_tab_says_not_available(client):
+    output, message = client.predict(prompt="3", method="ar", api_name="/generate_video")
     assert output is None and "not available in this version" in message
 
 

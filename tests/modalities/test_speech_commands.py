@@ -5,7 +5,7 @@ import json
 
 import pytest
 import soundfile as sf
-from test_speech_generation import save_tiny_speech_models
+from tiny_models import save_tiny_speech_models
 
 from specgen.app.cli import main
 

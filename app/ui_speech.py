@@ -1,0 +1,120 @@
+"""The demo's Speech tab: live statistics while the acoustic tokens are committed, the audio when the utterance is
+done, and a comparison with plain decoding of the same request."""
+
+from __future__ import annotations
+
+from specgen.app.ui_models import LazyGenerator
+from specgen.samplers import registry
+
+
+class SpeechModels(LazyGenerator):
+    def __init__(self, generator=None, *, threads: int | None = 1):
+        def load():
+            from specgen.modalities.speech.generator import SpeechGenerator
+
+            return SpeechGenerator(threads=threads)
+
+        super().__init__(load, "speech models", generator)
+
+    def describe(self) -> str:
+        path = self._generator.model_path if self._generator is not None else "assets/speech/target"
+        return f"**Speech model** ({self.state()}): `{path}`"
+
+
+def make_speech_runner(speech_models: SpeechModels):
+    import gradio as gr
+
+    from specgen.app.ui import (LiveStats, _check_number, _jsonable, _timed, acceptance_frame, shown_in_ui,
+                                stats_markdown)
+
+    def run_speech(text, method, compare, voice, temperature, seed):
+        if not isinstance(text, str) or not text.strip():
+            raise gr.Error("Enter some text to speak first.")
+        if method not in registry.method_names("speech"):
+            raise gr.Error(f"unknown speech method {method!r}; choose from: "
+                           f"{', '.join(registry.method_names('speech'))}")
+        temperature = _check_number(gr, "temperature", temperature, 0.0, 5.0)
+        seed = _check_number(gr, "seed", seed, 0, 2**63 - 1, integer=True)
+        spec = registry.get_method("speech", method)
+
+        def body():
+            generator = speech_models.get()
+            generator.vocab.prompt_ids(text.strip(), voice)
+            options = dict(voice=voice, temperature=temperature, seed=seed)
+            stats, live = _spec_stats(), LiveStats()
+            tokens: list[int] = []
+            events, busy = _timed(generator.stream(text.strip(), method=method, stats=stats, **options))
+            for event in events:
+                if event.row == 0:
+                    live.update(event)
+                    tokens.extend(event.tokens)
+                    current = {**live.summary(busy[0]), "lossless": spec.lossless}
+                    yield (None, stats_markdown(current, method=method, running=True),
+                           acceptance_frame(current["per_position_acceptance"]), current)
+            summary = stats.summary(method=method, lossless=spec.lossless, wall_s=busy[0],
+                                    ar_step_s=generator.measure_step_s(text.strip(), voice))
+            audio = (generator.sample_rate, generator.decode([t for t in tokens if t != generator.vocab.eos]))
+            compared, note = None, ""
+            if compare and spec.drafter is not None:
+                ar_tokens: list[int] = []
+                ar_events, ar_busy = _timed(generator.stream(text.strip(), method="ar", **options))
+                for event in ar_events:
+                    if event.row == 0:
+                        ar_tokens.extend(event.tokens)
+                compared = {"ar_tokens_per_s": len(ar_tokens) / ar_busy[0] if ar_busy[0] > 0 else None,
+                            "speedup_vs_ar": ar_busy[0] / busy[0] * len(tokens) / max(len(ar_tokens), 1)
+                            if busy[0] > 0 else None,
+                            "identical_to_ar": (ar_tokens == tokens) if temperature == 0 else None}
+                summary = {**summary, **compared}
+            elif compare:
+                note = "_`ar` is plain decoding: there is nothing to compare it with._"
+            yield (audio, stats_markdown(summary, method=method, running=False, compare=compared, note=note),
+                   acceptance_frame(summary["per_position_acceptance"]), _jsonable(summary))
+
+        yield from shown_in_ui(gr, "speech", body())
+
+    return run_speech
+
+
+def _spec_stats():
+    from specgen.samplers.stats import SpecStats
+
+    return SpecStats()
+
+
+def build_speech_tab(gr, speech_models: SpeechModels, *, concurrency_limit: int, concurrency_id: str):
+    """The Speech tab's components and events (call inside `gr.Blocks`)."""
+    methods = registry.method_names("speech")
+    with gr.Tab("Speech", id="speech", elem_id="tab-speech"):
+        with gr.Row():
+            with gr.Column(scale=1):
+                text = gr.Textbox(label="Text to speak", lines=3, value="The quick brown fox jumps over the lazy dog.",
+                                  elem_id="speech-text")
+                method = gr.Dropdown(methods, value="sd" if "sd" in methods else methods[0], label="Method",
+                                     elem_id="speech-method")
+                compare = gr.Checkbox(value=True, label="compare with plain decoding", elem_id="speech-compare")
+                with gr.Row():
+                    run = gr.Button("Run", variant="primary", elem_id="speech-run")
+                    stop = gr.Button("Stop", variant="stop", elem_id="speech-stop")
+                with gr.Accordion("Settings", open=True):
+                    from specgen.modalities.speech.data import VOICES  # names only: no torch
+
+                    voice = gr.Dropdown(list(VOICES), value=next(iter(VOICES)), allow_custom_value=True,
+                                        label="voice", elem_id="speech-voice")
+                    temperature = gr.Slider(0.0, 2.0, value=0.8, step=0.05, label="temperature",
+                                            info="0 means greedy", elem_id="speech-temperature")
+                    seed = gr.Number(value=0, precision=0, minimum=0, label="seed", elem_id="speech-seed")
+            with gr.Column(scale=2):
+                output = gr.Audio(label="Speech", elem_id="speech-output", interactive=False, type="numpy")
+                with gr.Row():
+                    stats_panel = gr.Markdown("_run a text to see τ, acceptance and the speedup_",
+                                              elem_id="speech-stats")
+                    plot = gr.BarPlot(None, x="draft position", y="acceptance", y_lim=[0, 1],
+                                      title="acceptance per draft position", elem_id="speech-acceptance", height=260)
+                with gr.Accordion("all statistics (JSON)", open=False):
+                    stats_json = gr.JSON(elem_id="speech-stats-json")
+    event = run.click(make_speech_runner(speech_models), [text, method, compare, voice, temperature, seed],
+                      [output, stats_panel, plot, stats_json], api_name="generate_speech",
+                      concurrency_limit=concurrency_limit, concurrency_id=concurrency_id)
+    stop.click(None, None, None, cancels=[event], api_name=False)
+    return event
