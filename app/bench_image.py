@@ -168,7 +168,8 @@ def _f(value, digits=2, suffix=""):
 def render_markdown(result: dict, plot_name: str | None, samples_name: str | None) -> str:
     env = result["environment"]
     lines = ["# specgen bench image", "",
-             f"{env['timestamp_utc']} · commit {env.get('commit') or '?'} · {env['cpu_model']} · "
+             f"{env['timestamp_utc']} · commit {(env.get('git_commit') or '?')[:12]}"
+             f"{' (with uncommitted changes)' if env.get('git_dirty') else ''} · {env['cpu_model']} · "
              f"{env['threads']} thread(s) · load {env.get('load_before')} → {env.get('load_after')}", "",
              f"Sampling: temperature {env['sampling']['temperature']}, top-k {env['sampling']['top_k']}, "
              f"guidance {env['sampling']['guidance_scale']}; {result['tokens_per_image']} tokens per image; "
@@ -233,9 +234,10 @@ def plot_png(path: Path, result: dict) -> None:
         draw.rectangle([left, top, left + panel_w, top + panel_h], outline="black")
         draw.text((left, top - 20), title, fill="black", font=font)
         draw.line([left, y(1.0), left + panel_w, y(1.0)], fill=(170, 170, 170))
-        for tick in (1, 2, 4, 8):
+        for tick in (0.5, 1, 1.5, 2, 3, 4, 6, 8):
             if tick < high:
-                draw.text((left - 30, y(tick) - 7), f"{tick}x", fill="black", font=font)
+                draw.line([left - 4, y(tick), left, y(tick)], fill="black")
+                draw.text((left - 34, y(tick) - 7), f"{tick:g}x", fill="black", font=font)
         for L in windows:
             draw.text((x(L) - 6, top + panel_h + 4), str(L), fill="black", font=font)
         for colour, method in zip(colours, methods):
