@@ -146,7 +146,8 @@ def acceptance_frame(per_position: list):
     values = [v if v is not None else 0.0 for v in per_position]
     if not values:  # nothing drafted yet (or plain decoding): an empty plot, not an empty frame
         return None  # (an empty frame would fix the axis types before the first bar arrives)
-    return pd.DataFrame({"draft position": [f"#{i + 1}" for i in range(len(values))],
+    width = 2 if len(values) > 9 else 1  # the plot sorts labels as text: #02 before #10
+    return pd.DataFrame({"draft position": [f"#{i + 1:0{width}d}" for i in range(len(values))],
                          "acceptance": values})
 
 

@@ -4,9 +4,12 @@ plain decoding of the same request (measured speedup next to the one the measure
 
 from __future__ import annotations
 
+import time
+
 from specgen.app.ui_models import LazyGenerator
 from specgen.samplers import registry
 
+UPDATE_S = 0.25  # at most this often a live update of image and statistics
 DISPLAY_SCALE = 4  # 64x64 images are shown at 256x256 (nearest neighbour)
 MAX_TOP_K = 100_000
 MAX_GUIDANCE = 20.0
@@ -17,7 +20,10 @@ class ImageModels(LazyGenerator):
         def load():
             from specgen.modalities.image.generator import ImageGenerator
 
-            return ImageGenerator(model, vq, threads=threads)
+            generator = ImageGenerator(model, vq, threads=threads)
+            generator.measure_window_s("K", 32)  # warm up: the first forward of a window size allocates
+            generator.measure_step_s("K")
+            return generator
 
         super().__init__(load, "image models", generator)
         self._model = model
@@ -84,11 +90,15 @@ def make_image_runner(image_models: ImageModels):
         stats, live = SpecStats(), LiveStats()
         tokens: list[int] = []
         events, busy = _timed(generator.stream(prompt, method=method, stats=stats, **options, **params))
+        shown = 0.0
         for event in events:
             if event.row != 0:
                 continue
             live.update(event)
             tokens.extend(event.tokens)
+            if time.perf_counter() - shown < UPDATE_S:  # each update is PNG-encoded and sent by another thread:
+                continue                                # fewer of them leave the CPU to decoding
+            shown = time.perf_counter()
             current = {**live.summary(busy[0]), "lossless": spec.lossless}
             yield (partial_image(generator, tokens), stats_markdown(current, method=method, running=True),
                    acceptance_frame(current["per_position_acceptance"]), current)
