@@ -172,3 +172,21 @@ class TransformersTarget:
             return self.runner.forward(tokens, positions, self.cache, attention_mask, logits_to_keep)
         return self.model(input_ids=tokens, position_ids=positions, attention_mask=attention_mask, cache=self.cache,
                           use_cache=True, logits_to_keep=logits_to_keep).logits
+
+
+def measure_window_s(target, prompt_ids: torch.Tensor, window: int = 1, repeats: int = 3) -> float:
+    """Median time of one forward over `window` slots (the pending prompt token and window - 1 placeholder
+    drafts) right after prefilling `prompt_ids`: T_ar for window 1, T_window(L) for the cost models. `target` is
+    any TargetModel (a guided one scores both rows)."""
+    import time
+
+    ids = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()
+    tokens = torch.cat([ids[-1:], ids[-1:].expand(window - 1)])[None]
+    positions = (len(ids) - 1 + torch.arange(window))[None]
+    times = []
+    for _ in range(repeats):
+        target.prefill([ids])
+        started = time.perf_counter()
+        target.score(tokens, positions, torch.tensor([0]))
+        times.append(time.perf_counter() - started)
+    return sorted(times)[len(times) // 2]

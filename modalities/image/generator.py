@@ -19,7 +19,7 @@ import torch
 from specgen.errors import InvalidRequest
 from specgen.modalities.image import vq as vq_codec
 from specgen.modalities.image.models import default_paths, load_image_lm, load_image_vocab
-from specgen.modalities.transformers_adapter import TransformersTarget
+from specgen.modalities.transformers_adapter import TransformersTarget, measure_window_s
 from specgen.samplers.acceptance import make_rule
 from specgen.samplers.guided import GuidedTarget
 from specgen.samplers.jacobi import JacobiDrafter
@@ -143,13 +143,4 @@ class ImageGenerator:
         target = TransformersTarget(self.model)
         if self.processing(guidance_scale=guidance_scale).guidance_scale is not None:
             target = GuidedTarget(target, lambda _: self.vocab.uncond_ids())
-        ids = self.vocab.prompt_ids(prompt)
-        tokens = torch.cat([ids[-1:], torch.zeros(window - 1, dtype=torch.long)])[None]
-        positions = (len(ids) - 1 + torch.arange(window))[None]
-        times = []
-        for _ in range(repeats):
-            target.prefill([ids])
-            started = time.perf_counter()
-            target.score(tokens, positions, torch.tensor([0]))
-            times.append(time.perf_counter() - started)
-        return sorted(times)[len(times) // 2]
+        return measure_window_s(target, self.vocab.prompt_ids(prompt), window, repeats)

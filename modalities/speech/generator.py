@@ -21,7 +21,7 @@ from specgen.errors import InvalidRequest, VocabularyMismatch
 from specgen.modalities.model_drafter import ModelDrafter
 from specgen.modalities.speech.codec import AcousticCodec
 from specgen.modalities.speech.models import DEFAULT_VOICE, default_paths, load_speech_lm, load_speech_vocab
-from specgen.modalities.transformers_adapter import TransformersTarget
+from specgen.modalities.transformers_adapter import TransformersTarget, measure_window_s
 from specgen.samplers.acceptance import make_rule
 from specgen.samplers.loop import speculative_generate
 from specgen.samplers.policies import make_policy
@@ -159,12 +159,4 @@ class SpeechGenerator:
 
     def measure_step_s(self, text: str, voice: str = DEFAULT_VOICE, repeats: int = 3) -> float:
         """Median time of one plain decoding step after the prompt: T_ar for the cost model."""
-        target = TransformersTarget(self.model)
-        ids = self.vocab.prompt_ids(text, voice)
-        times = []
-        for _ in range(repeats):
-            target.prefill([ids])
-            started = time.perf_counter()
-            target.score(ids[-1:][None], torch.tensor([[len(ids) - 1]]), torch.tensor([0]))
-            times.append(time.perf_counter() - started)
-        return sorted(times)[len(times) // 2]
+        return measure_window_s(TransformersTarget(self.model), self.vocab.prompt_ids(text, voice), 1, repeats)

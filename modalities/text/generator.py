@@ -19,7 +19,7 @@ from specgen.errors import InvalidRequest, ModelNotFound, VocabularyMismatch
 from specgen.modalities.assets import assets_dir
 from specgen.modalities.model_drafter import ModelDrafter
 from specgen.modalities.text.ngram import PromptLookupDrafter
-from specgen.modalities.transformers_adapter import TransformersTarget
+from specgen.modalities.transformers_adapter import TransformersTarget, measure_window_s
 from specgen.samplers.acceptance import make_rule
 from specgen.samplers.loop import speculative_generate
 from specgen.samplers.policies import make_policy
@@ -153,15 +153,7 @@ class TextGenerator:
 
     def measure_step_s(self, prompt: str, repeats: int = 3) -> float:
         """Median time of one plain decoding step (one token scored after the prompt): T_ar for the cost model."""
-        target = TransformersTarget(self.model)
-        ids = self.encode(prompt)
-        times = []
-        for _ in range(repeats):
-            target.prefill([ids])
-            started = time.perf_counter()
-            target.score(ids[-1:][None], torch.tensor([[len(ids) - 1]]), torch.tensor([0]))
-            times.append(time.perf_counter() - started)
-        return sorted(times)[len(times) // 2]
+        return measure_window_s(TransformersTarget(self.model), self.encode(prompt), 1, repeats)
 
     def _drafter(self, kind: str | None, knobs: dict, processing: Processing, policy=None):
         if kind is None:
