@@ -71,7 +71,8 @@ def run_bench_image(*, prompts_path: Path | None = None, methods: list[str] | No
     gallery = {}
     with tqdm(total=total, desc="bench image", unit="run", file=sys.stderr) as progress:
         for prompt in prompts:
-            window_s[prompt.id] = {L: _median_window_s(generator, prompt.prompt, L) for L in (1, *windows)}
+            window_s[prompt.id] = {L: generator.measure_window_s(prompt.prompt, L, repeats=WINDOW_REPEATS)
+                                   for L in (1, *windows)}
             for repeat in range(repeats):
                 ar = generator.generate(prompt.prompt, method="ar", seed=repeat)
                 progress.update(1)
@@ -104,10 +105,6 @@ def run_bench_image(*, prompts_path: Path | None = None, methods: list[str] | No
     if samples_out is not None:
         _save_gallery(gallery, [p.id for p in prompts], samples_out)
     return result
-
-
-def _median_window_s(generator, prompt: str, window: int) -> float:
-    return generator.measure_window_s(prompt, window, repeats=WINDOW_REPEATS)
 
 
 def _record(prompt: Prompt, repeat: int, method: str, window: int, result, ar) -> dict:

@@ -37,10 +37,7 @@ def generate_image(args) -> int:
             tokens[event.row].extend(event.tokens)
             progress.update(len(event.tokens))
     wall_s = time.perf_counter() - started
-    summary = stats.summary(method=method, lossless=get_method("image", method).lossless, wall_s=wall_s,
-                            ar_step_s=generator.measure_step_s(prompt, guidance_scale=args.guidance))
-    if generator.last_drafter is not None and generator.last_drafter.changed:
-        summary["changed_per_step"] = sum(generator.last_drafter.changed) / len(generator.last_drafter.changed)
+    summary = generator.summary(stats, method, wall_s, generator.measure_step_s(prompt, guidance_scale=args.guidance))
     images = generator.decode(tokens)
     grid_image(images).save(args.out)
     if args.json:

@@ -104,10 +104,7 @@ def make_image_runner(image_models: ImageModels):
                    acceptance_frame(current["per_position_acceptance"]), current)
         wall_s = busy[0]
         ar_step_s = generator.measure_step_s(prompt, guidance_scale=options["guidance_scale"])
-        summary = stats.summary(method=method, lossless=spec.lossless, wall_s=wall_s, ar_step_s=ar_step_s)
-        drafter = generator.last_drafter
-        if drafter is not None and drafter.changed:
-            summary["changed_per_step"] = sum(drafter.changed) / len(drafter.changed)
+        summary = generator.summary(stats, method, wall_s, ar_step_s)
         if spec.drafter is not None:  # Jacobi's cost model: tau * T_window(1) / T_window(L)
             window_s = generator.measure_window_s(prompt, params["window"], guidance_scale=options["guidance_scale"])
             summary["predicted_speedup_measured"] = summary["tau"] * ar_step_s / window_s

@@ -114,14 +114,18 @@ class ImageGenerator:
         started = time.perf_counter()
         for event in self.stream(prompt, method=method, stats=stats, **options):
             tokens[event.row].extend(event.tokens)
-        wall_s = time.perf_counter() - started
+        summary = self.summary(stats, method, time.perf_counter() - started, ar_step_s)
+        images = self.decode(tokens)
+        return ImageResult(images[0], images, tokens, summary)
+
+    def summary(self, stats: SpecStats, method: str, wall_s: float, ar_step_s: float | None) -> dict:
+        """The stats of the last run, with the Jacobi window's mean number of drafts changed per step."""
         summary = stats.summary(method=method, lossless=get_method("image", method).lossless, wall_s=wall_s,
                                 ar_step_s=ar_step_s)
         if self.last_drafter is not None:
             changed = self.last_drafter.changed
             summary["changed_per_step"] = sum(changed) / len(changed) if changed else 0.0
-        images = self.decode(tokens)
-        return ImageResult(images[0], images, tokens, summary)
+        return summary
 
     def decode(self, tokens: list[list[int]]) -> list:
         """Image codes per sample (raster order, grid * grid each) -> PIL images."""
