@@ -25,9 +25,13 @@ class ModelDrafter:
     proposed (draft probability 0), so verification stays exact."""
 
     def __init__(self, model, processing: Processing, *, target_vocab_size: int | None = None,
-                 vocab_ids: torch.Tensor | None = None, unknown_id: int = 0, capacity: int | None = None):
+                 vocab_ids: torch.Tensor | None = None, unknown_id: int = 0, capacity: int | None = None,
+                 stop_policy=None):
         self.engine = TransformersTarget(model, capacity)
         self.processing = processing
+        # stop_policy.stop(law, previous_law, index) -> [rows] bool, asked before each drafted token after the first
+        # (SVIP's entropy rule, Kangaroo's confidence rule); laws are the draft's softmax at temperature 1
+        self.stop_policy = stop_policy
         draft_vocab = self.engine.vocab_size
         self.vocab_ids = None if vocab_ids is None else torch.as_tensor(vocab_ids, dtype=torch.long)
         if self.vocab_ids is None:
@@ -68,7 +72,19 @@ class ModelDrafter:
         self.engine.commit(valid, rows)
         last = logits[torch.arange(len(rows)), counts - 1]  # [rows, vocab]
         drafted, laws = [], []
+        num_drafted = torch.full((len(rows),), budget, dtype=torch.long)
+        stopped = torch.zeros(len(rows), dtype=torch.bool)
+        previous = None
         for d in range(budget):
+            if self.stop_policy is not None:  # rows that stop keep drafting in the batch; num_drafted cuts them
+                plain = self._plain_law(last)
+                if d > 0:
+                    stopping = ~stopped & self.stop_policy.stop(plain, previous, d).to(torch.bool)
+                    num_drafted = torch.where(stopping, d, num_drafted)
+                    stopped |= stopping
+                    if bool(stopped.all()):
+                        break
+                previous = plain
             law = self._law(last)
             if self.processing.greedy:
                 index = law.argmax(-1)
@@ -81,9 +97,18 @@ class ModelDrafter:
                 last = self.engine.score(self._draft_ids(token[:, None]), (positions + d)[:, None], rows)[:, 0]
                 self.forward_calls += 1
                 self.engine.commit(torch.ones(len(rows), 1, dtype=torch.bool), rows)
+        # the draft's cache holds the context and the drafted tokens it has scored: all of them when every row
+        # stopped early, else all but the last
+        scored = drafted if len(drafted) < budget else drafted[:-1]
         for i, row in enumerate(rows.tolist()):
-            self.cached[row] = ctx.tokens[i].tolist() + [int(t[i]) for t in drafted[:-1]]
-        return Draft(torch.stack(drafted, 1), torch.stack(laws, 1), vocab_ids=self.vocab_ids)
+            self.cached[row] = ctx.tokens[i].tolist() + [int(t[i]) for t in scored]
+        ragged = None if self.stop_policy is None else num_drafted.clamp(max=len(drafted))
+        return Draft(torch.stack(drafted, 1), torch.stack(laws, 1), num_drafted=ragged, vocab_ids=self.vocab_ids)
+
+    def _plain_law(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.vocab_ids is not None:
+            logits = logits[:, :len(self.vocab_ids)]
+        return logits.float().softmax(-1)
 
     def observe(self, verdict: Verdict) -> None:
         pass  # the next catch-up compares cached tokens with the committed context

@@ -252,58 +252,5 @@ class StoppingModelDrafter(ModelDrafter):
     (their extra tokens are not proposed: `num_drafted` is per row) until every row has stopped."""
 
     def __init__(self, model, processing: Processing, policy, **options):
-        super().__init__(model, processing, **options)
+        super().__init__(model, processing, stop_policy=policy, **options)
         self.policy = policy
-
-    def propose(self, ctx: DecodeContext, budget: int):
-        from specgen.kernels import sample_categorical
-        from specgen.samplers.noise import Purpose, counter_uniform
-        from specgen.samplers.types import Draft
-
-        rows = ctx.rows
-        if not self.cached or self.engine.cache is None or len(self.cached) <= int(rows.max()):
-            self._reset(int(rows.max()) + 1)
-        tokens, counts = self._catch_up(ctx)
-        positions = ctx.next_positions
-        start = positions[:, None] - counts[:, None] + torch.arange(tokens.shape[1])
-        logits = self.engine.score(self._draft_ids(tokens), start, rows)
-        self.forward_calls += 1
-        self.engine.commit(torch.arange(tokens.shape[1]) < counts[:, None], rows)
-        last = logits[torch.arange(len(rows)), counts - 1]
-        drafted, laws = [], []
-        num_drafted = torch.full((len(rows),), budget, dtype=torch.long)
-        stopped = torch.zeros(len(rows), dtype=torch.bool)
-        previous = None
-        for d in range(budget):
-            plain = self._plain_law(last)
-            if d > 0:
-                stopping = ~stopped & self.policy.stop(plain, previous, d).to(torch.bool)
-                num_drafted = torch.where(stopping, d, num_drafted)
-                stopped |= stopping
-                if bool(stopped.all()):
-                    break
-            law = self._law(last)
-            if self.processing.greedy:
-                index = law.argmax(-1)
-            else:
-                index = sample_categorical(law, counter_uniform(ctx.seed, ctx.sample_ids, positions + d, Purpose.DRAFT))
-            token = index if self.vocab_ids is None else self.vocab_ids[index]
-            drafted.append(token)
-            laws.append(law)
-            previous = plain
-            if d + 1 < budget:
-                last = self.engine.score(self._draft_ids(token[:, None]), (positions + d)[:, None], rows)[:, 0]
-                self.forward_calls += 1
-                self.engine.commit(torch.ones(len(rows), 1, dtype=torch.bool), rows)
-        # the draft's cache holds the context and the drafted tokens it has scored: all of them when every row
-        # stopped early, else all but the last
-        scored = drafted if len(drafted) < budget else drafted[:-1]
-        for i, row in enumerate(rows.tolist()):
-            self.cached[row] = ctx.tokens[i].tolist() + [int(t[i]) for t in scored]
-        num_drafted = num_drafted.clamp(max=len(drafted))
-        return Draft(torch.stack(drafted, 1), torch.stack(laws, 1), num_drafted=num_drafted, vocab_ids=self.vocab_ids)
-
-    def _plain_law(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.vocab_ids is not None:
-            logits = logits[:, :len(self.vocab_ids)]
-        return logits.float().softmax(-1)
