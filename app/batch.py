@@ -2,7 +2,8 @@
 
 In:  {"id", "modality", "prompt"|"class"|"text", "method"?, "params"?, "seed"?}
 Out: {"id", "status": "ok"|"error", "result"|"error", "stats"}; an image item's result names its PNG, written to
-     OUT-images/<id>.png beside OUT.jsonl (several samples: one grid), a speech item's its WAV in OUT-audio/.
+     OUT-images/<id>.png beside OUT.jsonl (several samples: one grid), a video item's its GIF in OUT-videos/, a
+     speech item's its WAV in OUT-audio/.
 
 The whole input is validated before any work (exit 2 naming the line). Each result line is flushed and
 fsync'ed as it is written, so a killed run loses nothing; a rerun skips the ids already in the output.
@@ -31,8 +32,8 @@ MAX_SEED = 2**63 - 1
 SOURCE_FIELDS = {"text": ("prompt",), "image": ("prompt", "class"), "video": ("prompt", "class"),
                  "speech": ("text",)}
 KNOWN_FIELDS = {"id", "modality", "prompt", "class", "text", "method", "params", "seed", "category"}
-RUNNABLE = ("text", "image", "speech")  # modalities this version generates
-DEFAULT_METHOD = {"image": "mc-sjd", "speech": "sd"}  # text: "draft" when a draft model is loaded, else "ar"
+RUNNABLE = ("text", "image", "video", "speech")  # modalities this version generates
+DEFAULT_METHOD = {"image": "mc-sjd", "video": "mc-sjd", "speech": "sd"}  # text: "draft" when a draft model is loaded, else "ar"
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ SPEECH_OPTIONS = {  # generation options every speech method takes
     "top_k": TEXT_OPTIONS["top_k"],
     "max_new_tokens": TEXT_OPTIONS["max_new_tokens"],
 }
-OPTIONS = {"text": TEXT_OPTIONS, "image": IMAGE_OPTIONS, "speech": SPEECH_OPTIONS}
+OPTIONS = {"text": TEXT_OPTIONS, "image": IMAGE_OPTIONS, "video": IMAGE_OPTIONS, "speech": SPEECH_OPTIONS}
 
 
 def _method_params(modality: str, method: str, params: dict) -> dict:
@@ -225,10 +226,10 @@ class Generators:
 
     def __init__(self, text=None, *, model: str | None = None, draft: str | None = None, threads: int = 1,
                  image=None, image_model: str | None = None, image_vq: str | None = None, speech=None,
-                 speech_paths: tuple = (None, None, None)):
-        self.loaded = {"text": text, "image": image, "speech": speech}
+                 speech_paths: tuple = (None, None, None), video=None, video_model: str | None = None):
+        self.loaded = {"text": text, "image": image, "video": video, "speech": speech}
         self.model, self.draft, self.threads = model, draft, threads
-        self.image_model, self.image_vq = image_model, image_vq
+        self.image_model, self.image_vq, self.video_model = image_model, image_vq, video_model
         self.speech_paths = speech_paths  # (model, draft, codec); None = the shipped ones
 
     def get(self, modality: str):
@@ -241,6 +242,11 @@ class Generators:
                 from specgen.modalities.image.generator import ImageGenerator
 
                 self.loaded["image"] = ImageGenerator(self.image_model, self.image_vq, threads=self.threads)
+            elif modality == "video":
+                from specgen.modalities.image.generator import ImageGenerator
+
+                self.loaded["video"] = ImageGenerator(self.video_model, self.image_vq, threads=self.threads,
+                                                      video=True)
             else:
                 from specgen.modalities.speech.generator import SpeechGenerator
 
@@ -279,6 +285,14 @@ def run_item(generators, request: Request, media_stem: Path | str = "batch") -> 
         path.parent.mkdir(parents=True, exist_ok=True)
         grid_image(result.images).save(path)
         output = {"image": str(path), "tokens": result.tokens[0] if len(result.tokens) == 1 else result.tokens}
+    elif request.modality == "video":
+        from specgen.app.image_commands import grid_image
+        from specgen.modalities.image.video import save_video
+
+        path = media_path(Path(f"{media_stem}-videos"), request, ".gif")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_video([grid_image([sample[t] for sample in result.images]) for t in range(len(result.image))], path)
+        output = {"video": str(path), "tokens": result.tokens[0] if len(result.tokens) == 1 else result.tokens}
     elif request.modality == "speech":
         from specgen.modalities.speech.codec import write_wav
 
@@ -451,7 +465,8 @@ def _schedule_ray(ray, pending, writer, summary, model, draft, threads, workers,
 def run_batch(input_path, output_path, *, engine: str = "local", model: str | None = None,
               draft: str | None = None, threads: int = 1, generator=None, workers: int | None = None,
               progress: bool = True, image_generator=None, image_model: str | None = None,
-              image_vq: str | None = None, speech_generator=None, speech_paths: tuple = (None, None, None)) -> dict:
+              image_vq: str | None = None, speech_generator=None, speech_paths: tuple = (None, None, None),
+              video_generator=None, video_model: str | None = None) -> dict:
     """Validate IN, skip ids already in OUT, run the rest, and return the summary dict."""
     input_path, output_path = Path(input_path), Path(output_path)
     if engine not in ("local", "ray"):
@@ -475,7 +490,7 @@ def run_batch(input_path, output_path, *, engine: str = "local", model: str | No
 
     generators = Generators(generator, model=model, draft=draft, threads=threads, image=image_generator,
                             image_model=image_model, image_vq=image_vq, speech=speech_generator,
-                            speech_paths=speech_paths)
+                            speech_paths=speech_paths, video=video_generator, video_model=video_model)
     media_stem = output_path.with_name(output_path.stem)  # OUT-images/ and OUT-audio/ beside OUT.jsonl
     started = time.perf_counter()
     if engine == "local":
@@ -504,6 +519,7 @@ def batch_command(args) -> int:
     summary = run_batch(args.input, args.output, engine=args.engine, model=getattr(args, "model", None),
                         draft=getattr(args, "draft", None), threads=args.threads,
                         image_model=getattr(args, "image_model", None), image_vq=getattr(args, "image_vq", None),
+                        video_model=getattr(args, "video_model", None),
                         speech_paths=tuple(getattr(args, f"speech_{part}", None) for part in ("model", "draft", "codec")))
     print(summary_table(summary), file=sys.stderr)
     if getattr(args, "json", False):

@@ -1,8 +1,9 @@
-"""`specgen bench image`: plain decoding and Jacobi decoding (SJD, MC-SJD, Gumbel-coupled) of the shipped visual
-token model, side by side in one process, on `benchmarks/prompts/image.jsonl`.
+"""`specgen bench image` and `specgen bench video`: plain decoding and Jacobi decoding (SJD, MC-SJD,
+Gumbel-coupled) of the shipped visual token model (image or video), side by side in one process, on
+`benchmarks/prompts/{image,video}.jsonl`.
 
 Every prompt and repeat runs `ar` once and every Jacobi method once per window L, with the same seed. A run is one
-whole image (grid * grid tokens). Reported per method and L: steps (target forward passes), step compression
+whole image (grid * grid tokens) or one whole video (frames * grid * grid). Reported per method and L: steps (target forward passes), step compression
 (AR steps / steps), tokens changed per step (how unsettled the window is), the measured wall-clock speedup over
 `ar` in the same round, and the speedup the cost model predicts from the measured steps and the measured cost of a
 window, `(AR steps / steps) * T_window(1) / T_window(L)`. Per category: the target's mean token entropy (what
@@ -26,7 +27,7 @@ from specgen.app.bench_text import (Prompt, _cpu_model, _load, benchmarks_dir, b
 from specgen.errors import InvalidRequest
 from specgen.samplers.registry import get_method, method_names
 
-WINDOWS = (2, 4, 8, 16, 32, 64)
+WINDOWS = {"image": (2, 4, 8, 16, 32, 64), "video": (8, 16, 32, 64, 128)}
 WINDOW_REPEATS = 5  # timing repeats of one window forward (median)
 DEFAULT_METHODS = ("ar", "sjd", "mc-sjd", "gumbel-sjd")
 
@@ -51,25 +52,30 @@ def token_entropy(generator, prompt: str, tokens: list[int]) -> float:
 
 
 def run_bench_image(*, prompts_path: Path | None = None, methods: list[str] | None = None, repeats: int = 1,
-                    windows=WINDOWS, generator=None, samples_out: Path | None = None) -> dict:
+                    windows=None, generator=None, samples_out: Path | None = None, modality: str = "image",
+                    model: str | Path | None = None) -> dict:
     from tqdm import tqdm
 
     from specgen.modalities.image.generator import ImageGenerator
 
-    prompts_path = prompts_path or benchmarks_dir() / "prompts" / "image.jsonl"
+    generator = generator or ImageGenerator(model, video=modality == "video")
+    if generator.modality != modality:
+        raise InvalidRequest(f"{generator.model_path} is {'a video' if generator.modality == 'video' else 'an image'}"
+                             f" model; use `specgen bench {generator.modality}`")
+    windows = tuple(windows or WINDOWS[modality])
+    prompts_path = prompts_path or benchmarks_dir() / "prompts" / f"{modality}.jsonl"
     prompts = load_prompts(prompts_path, classes=True)
-    methods = list(methods or [m for m in DEFAULT_METHODS if m in method_names("image")])
+    methods = list(methods or [m for m in DEFAULT_METHODS if m in method_names(modality)])
     if "ar" not in methods:
         methods.insert(0, "ar")  # the baseline of every ratio
-    jacobi = [m for m in methods if get_method("image", m).drafter is not None]
-    generator = generator or ImageGenerator()
+    jacobi = [m for m in methods if get_method(modality, m).drafter is not None]
     tokens_per_image = generator.vocab.image_tokens
     load_before = _load()
     generator.generate(prompts[0].prompt, method="ar")  # warm-up: first-call allocations
     runs, exact, entropy, window_s = [], [], {}, {}
     total = len(prompts) * repeats * (1 + len(jacobi) * len(windows)) + len(prompts) * (1 + len(jacobi))
     gallery = {}
-    with tqdm(total=total, desc="bench image", unit="run", file=sys.stderr) as progress:
+    with tqdm(total=total, desc=f"bench {modality}", unit="run", file=sys.stderr) as progress:
         for prompt in prompts:
             window_s[prompt.id] = {L: generator.measure_window_s(prompt.prompt, L, repeats=WINDOW_REPEATS)
                                    for L in (1, *windows)}
@@ -95,7 +101,8 @@ def run_bench_image(*, prompts_path: Path | None = None, methods: list[str] | No
                 progress.update(1)
     load_after = _load()
     result = summarise(runs, exact, entropy, window_s, prompts, methods, windows, tokens_per_image)
-    result["environment"] = {
+    result["modality"], result["frames"] = modality, generator.vocab.frames
+    result["env"] = {
         "timestamp_utc": datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"), **source_state(),
         "prompts": str(prompts_path), "repeats": repeats, "windows": list(windows), "threads": torch.get_num_threads(),
         "cpu_model": _cpu_model(), "load_before": load_before, "load_after": load_after, "torch": torch.__version__,
@@ -112,7 +119,8 @@ def _record(prompt: Prompt, repeat: int, method: str, window: int, result, ar) -
     return {"prompt": prompt.id, "category": prompt.category, "repeat": repeat, "method": method, "window": window,
             "steps": stats["steps"], "wall_s": stats["wall_s"], "tau": stats["tau"],
             "changed_per_step": stats.get("changed_per_step"),
-            "speedup": ar.stats["wall_s"] / stats["wall_s"], "step_compression": ar.stats["steps"] / stats["steps"]}
+            "speedup": ar.stats["wall_s"] / stats["wall_s"], "step_compression": ar.stats["steps"] / stats["steps"],
+            "stats": stats}
 
 
 def summarise(runs, exact, entropy, window_s, prompts, methods, windows, tokens_per_image) -> dict:
@@ -151,11 +159,28 @@ def summarise(runs, exact, entropy, window_s, prompts, methods, windows, tokens_
     for cat in categories.values():
         cat["entropy"] = statistics.mean(cat["entropy"])
     windows_cost = {str(L): statistics.median(window_s[p.id][L] for p in prompts) for L in (1, *windows)}
-    return {"tokens_per_image": tokens_per_image, "methods": methods, "table": table,
+    per_method = {}
+    for method in methods:
+        row = best.get(method) or next(r for r in table if r["method"] == method)
+        chosen = [r for r in runs if r["method"] == method and r["window"] == row["window"]]
+        per_method[method] = {**_median_stats([r["stats"] for r in chosen]), "window": row["window"],
+                              "speedup_vs_ar": row["speedup"], "step_compression": row["step_compression"],
+                              "predicted_speedup_measured": row["predicted_speedup"],
+                              "identical_to_ar": all(e["identical_to_ar"] for e in exact if e["method"] == method)}
+    return {"methods": per_method, "items": runs, "tokens_per_image": tokens_per_image, "table": table,
             "best": {m: {"window": r["window"], "speedup": r["speedup"], "step_compression": r["step_compression"],
                          "measured_over_predicted": r["measured_over_predicted"]} for m, r in best.items()},
             "categories": categories, "window_s": windows_cost, "exactness": exact,
             "all_identical_to_ar": all(e["identical_to_ar"] for e in exact)}
+
+
+def _median_stats(stats: list[dict]) -> dict:
+    """Per key: the median of numbers over runs, the first run's value for anything else (names, flags, lists)."""
+    out = {}
+    for key, value in stats[0].items():
+        numbers = [s[key] for s in stats if isinstance(s.get(key), (int, float)) and not isinstance(s[key], bool)]
+        out[key] = statistics.median(numbers) if len(numbers) == len(stats) else value
+    return out
 
 
 def _f(value, digits=2, suffix=""):
@@ -163,13 +188,16 @@ def _f(value, digits=2, suffix=""):
 
 
 def render_markdown(result: dict, plot_name: str | None, samples_name: str | None) -> str:
-    env = result["environment"]
-    lines = ["# specgen bench image", "",
+    env = result["env"]
+    modality = result.get("modality", "image")
+    unit = "video" if modality == "video" else "image"
+    lines = [f"# specgen bench {modality}", "",
              f"{env['timestamp_utc']} · commit {(env.get('git_commit') or '?')[:12]}"
              f"{' (with uncommitted changes)' if env.get('git_dirty') else ''} · {env['cpu_model']} · "
              f"{env['threads']} thread(s) · load {env.get('load_before')} → {env.get('load_after')}", "",
              f"Sampling: temperature {env['sampling']['temperature']}, top-k {env['sampling']['top_k']}, "
-             f"guidance {env['sampling']['guidance_scale']}; {result['tokens_per_image']} tokens per image; "
+             f"guidance {env['sampling']['guidance_scale']}; {result['tokens_per_image']} tokens per {unit}"
+             + (f" ({result['frames']} frames)" if result.get("frames", 1) > 1 else "") + "; "
              f"prompts `{env['prompts']}`, {env['repeats']} repeat(s).", "",
              "## Best window per method", "",
              "| method | best L | step compression | speedup vs ar | measured / predicted |", "|---|---|---|---|---|"]
@@ -231,7 +259,7 @@ def plot_png(path: Path, result: dict) -> None:
         draw.rectangle([left, top, left + panel_w, top + panel_h], outline="black")
         draw.text((left, top - 20), title, fill="black", font=font)
         draw.line([left, y(1.0), left + panel_w, y(1.0)], fill=(170, 170, 170))
-        for tick in (0.5, 1, 1.5, 2, 3, 4, 6, 8):
+        for tick in (0.5, 1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32):
             if tick < high:
                 draw.line([left - 4, y(tick), left, y(tick)], fill="black")
                 draw.text((left - 34, y(tick) - 7), f"{tick:g}x", fill="black", font=font)
@@ -256,6 +284,10 @@ def plot_png(path: Path, result: dict) -> None:
 def _save_gallery(gallery: dict, prompt_ids: list[str], path: Path) -> None:
     from PIL import Image
 
+    from specgen.modalities.image.video import filmstrip
+
+    # a video is shown as its frames in rows of four
+    gallery = {m: [filmstrip(x, columns=4) if isinstance(x, list) else x for x in items] for m, items in gallery.items()}
     rows = list(gallery)
     first = gallery[rows[0]][0]
     w, h = first.size
@@ -268,14 +300,14 @@ def _save_gallery(gallery: dict, prompt_ids: list[str], path: Path) -> None:
 
 def write_outputs(result: dict, out_dir: Path, plot: bool = True) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = result["environment"]["timestamp_utc"]
-    paths = {"json": out_dir / f"bench-image-{stamp}.json", "md": out_dir / f"bench-image-{stamp}.md"}
+    stamp, modality = result["env"]["timestamp_utc"], result.get("modality", "image")
+    paths = {"json": out_dir / f"bench-{modality}-{stamp}.json", "md": out_dir / f"bench-{modality}-{stamp}.md"}
     plot_name = None
     if plot:
-        paths["png"] = out_dir / f"bench-image-{stamp}.png"
+        paths["png"] = out_dir / f"bench-{modality}-{stamp}.png"
         plot_png(paths["png"], result)
         plot_name = paths["png"].name
-    samples = out_dir / f"bench-image-{stamp}-samples.png"
+    samples = out_dir / f"bench-{modality}-{stamp}-samples.png"
     samples_name = samples.name if samples.exists() else None
     paths["json"].write_text(json.dumps(result, indent=1) + "\n")
     paths["md"].write_text(render_markdown(result, plot_name, samples_name))
@@ -284,30 +316,34 @@ def write_outputs(result: dict, out_dir: Path, plot: bool = True) -> dict[str, P
 
 
 def write_latest(result: dict, paths: dict[str, Path], out_dir: Path, samples: Path | None) -> None:
-    """image-latest.* beside the dated files; the latest report points at the latest plot and samples."""
+    """MODALITY-latest.* beside the dated files; the latest report points at the latest plot and samples."""
     import shutil
 
+    latest = f"{result.get('modality', 'image')}-latest"
     for kind in ("json", "png"):
         if kind in paths:
-            shutil.copyfile(paths[kind], out_dir / f"image-latest.{kind}")
+            shutil.copyfile(paths[kind], out_dir / f"{latest}.{kind}")
     if samples is not None:
-        shutil.copyfile(samples, out_dir / "image-latest-samples.png")
-    (out_dir / "image-latest.md").write_text(render_markdown(
-        result, "image-latest.png" if "png" in paths else None,
-        "image-latest-samples.png" if samples is not None else None))
+        shutil.copyfile(samples, out_dir / f"{latest}-samples.png")
+    (out_dir / f"{latest}.md").write_text(render_markdown(
+        result, f"{latest}.png" if "png" in paths else None,
+        f"{latest}-samples.png" if samples is not None else None))
 
 
 def bench_image(args) -> int:
+    modality = getattr(args, "modality", "image")
     if getattr(args, "max_new_tokens", None) is not None:
-        raise InvalidRequest("--max-new-tokens does not apply to images: every run generates one whole image")
+        raise InvalidRequest(f"--max-new-tokens does not apply to {modality}: every run generates one whole {modality}")
     out_dir = getattr(args, "out_dir", None) or benchmarks_dir()
     started = time.perf_counter()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     result = run_bench_image(prompts_path=args.prompts, methods=args.methods, repeats=args.repeats,
-                             samples_out=Path(out_dir) / f"bench-image-{stamp}-samples.png")
-    result["environment"]["timestamp_utc"] = stamp
-    result["environment"]["command"] = "specgen " + " ".join(getattr(args, "argv", []))
-    result["environment"]["wall_s"] = time.perf_counter() - started
+                             windows=getattr(args, "windows", None), modality=modality,
+                             model=getattr(args, "model", None),
+                             samples_out=Path(out_dir) / f"bench-{modality}-{stamp}-samples.png")
+    result["env"]["timestamp_utc"] = stamp
+    result["env"]["command"] = "specgen " + " ".join(getattr(args, "argv", []))
+    result["env"]["wall_s"] = time.perf_counter() - started
     paths = write_outputs(result, Path(out_dir))
     if args.json:
         print(json.dumps(result))

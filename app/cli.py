@@ -113,6 +113,19 @@ def _method(modality: str):
     return parse
 
 
+def _int_list(low: int, high: int):
+    """`--windows 8,16,32`: distinct integers in [low, high], sorted."""
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(v) for v in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        if any(not low <= v <= high for v in values):
+            raise argparse.ArgumentTypeError(f"every value must be in [{low}, {high}], got {text!r}")
+        return sorted(set(values))
+    return parse
+
+
 def _method_list(modality: str):
     """`--methods a,b,c` for bench: known names (plus the Hugging Face peers for text), no repeats."""
     known = registry.method_names(modality) + (list(PEER_METHODS) if modality == "text" else [])
@@ -172,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     kinds = generate.add_subparsers(dest="modality", metavar="MODALITY", required=True)
     for modality in registry.MODALITIES:
         p = command(kinds, modality, f"generate {modality}", f"generate {modality}",
-                    handler={"text": _generate_text, "image": _generate_image,
+                    handler={"text": _generate_text, "image": _generate_image, "video": _generate_image,
                              "speech": _generate_speech}.get(modality))
         if modality == "speech":
             p.add_argument("--text", required=True, type=_non_empty, help="the text to speak")
@@ -196,8 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--num-samples", type=_int_at_least(1), default=1, metavar="N",
                            help="independent samples, batched internally (default: 1)")
             p.add_argument("--trace", type=_output_path(), metavar="FILE", help="write the step events as JSON Lines")
-        elif modality == "image":
-            p.add_argument("--model", help="image token model folder (default: the shipped assets/image/target)")
+        elif modality in ("image", "video"):
+            shipped = "assets/image/target" if modality == "image" else "assets/image/video"
+            p.add_argument("--model", help=f"{modality} token model folder (default: the shipped {shipped})")
             p.add_argument("--vq", help="VQ tokenizer folder (default: the shipped assets/image/vq)")
             p.add_argument("--temperature", type=_temperature, default=1.0, metavar="T",
                            help="0 means greedy (default: 1.0)")
@@ -210,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--init", choices=("random", "left"), help="how empty window slots are drafted")
             p.add_argument("--num-samples", type=_int_at_least(1), default=1, metavar="N",
                            help="independent samples, batched; saved as one grid (default: 1)")
+            if modality == "video":
+                p.add_argument("--fps", type=_int_at_least(1, 60), default=4, help="frames per second (default: 4)")
         elif modality == "speech":
             p.add_argument("--voice", help="speaker (default: slt; the model's vocab.json lists its voices)")
             p.add_argument("--model", help="speech token model folder (default: the shipped assets/speech/target)")
@@ -224,8 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--num-draft-tokens", type=_int_at_least(1, 64), default=None, metavar="K",
                            help="tokens drafted per step by sd (default: the method's)")
         if modality != "text":
-            suffix = {"image": ".png", "video": ".gif", "speech": ".wav"}[modality]
-            p.add_argument("--out", required=True, type=_output_path(suffix), metavar=f"FILE{suffix}")
+            suffixes = {"image": (".png",), "video": (".gif", ".mp4"), "speech": (".wav",)}[modality]
+            p.add_argument("--out", required=True, type=_output_path(*suffixes), metavar=f"FILE{suffixes[0]}",
+                           help="an .mp4 needs ffmpeg" if modality == "video" else None)
         p.add_argument("--seed", type=_int_at_least(0, MAX_SEED), default=0, help="default: 0")
         p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
@@ -234,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     kinds = bench.add_subparsers(dest="modality", metavar="MODALITY", required=True)
     for modality in registry.MODALITIES:
         p = command(kinds, modality, f"benchmark {modality} methods", f"bench {modality}",
-                    handler={"text": _bench_text, "image": _bench_image,
+                    handler={"text": _bench_text, "image": _bench_image, "video": _bench_image,
                              "speech": _bench_speech}.get(modality))
         p.add_argument("--methods", type=_method_list(modality), metavar="A,B,C",
                        help="default: all" + (" (ar always runs: it is the baseline)" if modality == "text" else ""))
@@ -247,8 +264,12 @@ def build_parser() -> argparse.ArgumentParser:
         if modality == "text":
             p.add_argument("--model", help="target: a Hugging Face causal LM path or id available offline")
             p.add_argument("--draft", help="draft model path or id (draft and hf-assisted)")
-        if modality in ("text", "image", "speech"):
-            p.add_argument("--out-dir", type=Path, metavar="DIR",
+        if modality in ("image", "video"):
+            p.add_argument("--model", help=f"{modality} token model folder (default: the shipped one)")
+            p.add_argument("--windows", type=_int_list(2, 256), metavar="L,L,...",
+                           help="Jacobi windows to sweep (default: " + ("2..64" if modality == "image" else "8..128")
+                           + ")")
+        p.add_argument("--out-dir", type=Path, metavar="DIR",
                            help="where results are written (default: benchmarks/)")
 
     batch = command(commands, "batch", "run a JSON Lines file of requests", "batch", handler=_batch)
@@ -261,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--draft", help="text draft model path or id")
     batch.add_argument("--image-model", metavar="DIR", help="image token model folder (default: the shipped one)")
     batch.add_argument("--image-vq", metavar="DIR", help="image VQ tokenizer folder (default: the shipped one)")
+    batch.add_argument("--video-model", metavar="DIR", help="video token model folder (default: the shipped one)")
     batch.add_argument("--speech-model", metavar="DIR", help="speech token model folder (default: the shipped one)")
     batch.add_argument("--speech-draft", metavar="DIR", help="speech draft model folder (default: the shipped one)")
     batch.add_argument("--speech-codec", metavar="DIR", help="acoustic codebook folder (default: the shipped one)")
@@ -277,8 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--steps", type=_int_at_least(1), metavar="N", help="optimiser steps (default: the recipe's)")
         p.add_argument("--seed", type=_int_at_least(0, MAX_SEED), default=0, help="default: 0")
         if what == "image":
-            p.add_argument("--role", choices=("vq", "target", "draft"), default="target",
-                           help="the VQ tokenizer, the token model or its draft (default: target)")
+            p.add_argument("--role", choices=("vq", "target", "draft", "video"), default="target",
+                           help="the VQ tokenizer, the image token model, its draft or the video token model "
+                                "(default: target)")
         if what == "speech":
             p.add_argument("--role", choices=("target", "draft"), default="target",
                            help="the speech token model or its draft (default: target)")

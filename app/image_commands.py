@@ -1,4 +1,4 @@
-"""`specgen generate image` and `specgen train image`."""
+"""`specgen generate image`, `specgen generate video` and `specgen train image`."""
 
 from __future__ import annotations
 
@@ -14,10 +14,16 @@ def generate_image(args) -> int:
     from specgen.samplers.registry import get_method
     from specgen.samplers.stats import SpecStats
 
-    generator = ImageGenerator(model=args.model, vq=args.vq, threads=args.threads)
+    modality = getattr(args, "modality", "image")
+    generator = ImageGenerator(model=args.model, vq=args.vq, threads=args.threads, video=modality == "video")
+    if generator.modality != modality:
+        from specgen.errors import InvalidRequest
+
+        raise InvalidRequest(f"{generator.model_path} is {'a video' if generator.modality == 'video' else 'an image'} "
+                             f"model; use `specgen generate {generator.modality}`")
     method = args.method or "mc-sjd"
     knobs = {k: v for k, v in (("window", args.window), ("init", args.init)) if v is not None}
-    if knobs and get_method("image", method).drafter is None:
+    if knobs and get_method(modality, method).drafter is None:
         from specgen.errors import InvalidRequest
 
         raise InvalidRequest(f"--window and --init apply to Jacobi methods, not {method!r}")
@@ -25,7 +31,7 @@ def generate_image(args) -> int:
     # check the whole request before the progress bar starts, so an error stays one line
     generator.vocab.prompt_ids(prompt)
     generator.processing(temperature=args.temperature, top_k=args.top_k, guidance_scale=args.guidance)
-    get_method("image", method).resolve_knobs(knobs)
+    get_method(modality, method).resolve_knobs(knobs)
     stats = SpecStats()
     tokens: list[list[int]] = [[] for _ in range(args.num_samples)]
     started = time.perf_counter()
@@ -39,7 +45,13 @@ def generate_image(args) -> int:
     wall_s = time.perf_counter() - started
     summary = generator.summary(stats, method, wall_s, generator.measure_step_s(prompt, guidance_scale=args.guidance))
     images = generator.decode(tokens)
-    grid_image(images).save(args.out)
+    if modality == "video":  # frame t of the file shows frame t of every sample, in a grid
+        from specgen.modalities.image.video import save_video
+
+        save_video([grid_image([sample[t] for sample in images]) for t in range(generator.vocab.frames)], args.out,
+                   fps=args.fps)
+    else:
+        grid_image(images).save(args.out)
     if args.json:
         print(json.dumps({"out": str(args.out), "tokens": tokens[0] if args.num_samples == 1 else tokens,
                           "stats": summary}))

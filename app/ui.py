@@ -30,11 +30,6 @@ COLOR_MAP = {"accepted": "#22c55e", "recovered": "#f97316", "bonus": "#3b82f6", 
 MAX_TEMPERATURE = 5.0
 MAX_NEW_TOKENS = 1024
 MAX_SEED = 2**63 - 1
-PLANNED_METHODS = {  # design names, shown until the registry has methods for a modality
-    "image": ["ar", "sjd", "mc-sjd", "gumbel-sjd", "lantern++"],
-    "video": ["ar", "sjd", "mc-sjd", "gumbel-sjd", "lantern++"],
-    "speech": ["ar", "sd", "ssd", "pcg"],
-}
 GENERATION_KNOBS = ("max_new_tokens", "temperature", "top_p", "seed")  # shown for every method
 
 
@@ -175,7 +170,7 @@ class TextModels(LazyGenerator):
         return self._model or target, self._draft or (draft if self._model is None else None)
 
 
-def header_markdown(text_models: TextModels, image_models=None, speech_models=None) -> str:
+def header_markdown(text_models: TextModels, image_models=None, speech_models=None, video_models=None) -> str:
     try:
         target, draft = text_models.paths()
     except Exception as exc:  # noqa: BLE001 - the header must render whatever happens
@@ -190,8 +185,8 @@ def header_markdown(text_models: TextModels, image_models=None, speech_models=No
             f"after every drafted token was accepted), **target** (plain decoding).  \n"
             + (image_models.describe() + "; Jacobi decoding (SJD, MC-SJD, Gumbel) needs no draft model.  \n"
                if image_models is not None else "")
-            + (speech_models.describe() + " with its draft model.  \n" if speech_models is not None else "")
-            + "Video generation is not available in this version.")
+            + (video_models.describe() + ", on the same VQ tokenizer.  \n" if video_models is not None else "")
+            + (speech_models.describe() + " with its draft model." if speech_models is not None else ""))
 
 
 # ---- callbacks ---------------------------------------------------------------------------------------------------
@@ -383,30 +378,12 @@ def _stream_text(gr, generator, prompt, method, spec, compare, params, options):
            acceptance_frame(summary["per_position_acceptance"]), _jsonable(summary))
 
 
-def not_available_message(modality: str) -> str:
-    what = {"image": "Image generation", "video": "Video generation", "speech": "Speech generation"}[modality]
-    return (f"**{what} is not available in this version** (specgen {__version__}). "
-            f"The text tab works; this tab shows where {modality} will appear.")
-
-
-def make_unavailable_runner(modality: str):
-    import gradio as gr
-
-    def run(source, method):  # noqa: ARG001 - the inputs are accepted and ignored in this version
-        message = not_available_message(modality)
-        gr.Warning(message.replace("**", ""))
-        return None, message
-
-    run.__signature__ = inspect.Signature([inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-                                           for name in ("prompt", "method")])
-    return run
-
-
 # ---- the app -----------------------------------------------------------------------------------------------------
 
 def build_demo(text_generator=None, *, model: str | None = None, draft: str | None = None,
                threads: int | None = 1, concurrency_limit: int = 1, text_models: TextModels | None = None,
-               image_generator=None, image_models=None, speech_generator=None, speech_models=None):
+               image_generator=None, image_models=None, speech_generator=None, speech_models=None,
+               video_generator=None, video_models=None):
     """The Blocks app. Nothing heavy happens here: models load on the first request."""
     import gradio as gr
 
@@ -415,6 +392,7 @@ def build_demo(text_generator=None, *, model: str | None = None, draft: str | No
 
     text_models = text_models or TextModels(text_generator, model=model, draft=draft, threads=threads)
     image_models = image_models or ImageModels(image_generator, threads=threads)
+    video_models = video_models or ImageModels(video_generator, threads=threads, video=True)
     speech_models = speech_models or SpeechModels(speech_generator, threads=threads)
     text_methods = registry.method_names("text")
     knobs = _text_knobs()
@@ -422,7 +400,7 @@ def build_demo(text_generator=None, *, model: str | None = None, draft: str | No
     default_own = {k.name for k in registry.get_method("text", default_method).knobs}
 
     with gr.Blocks(title="specgen") as demo:
-        header = gr.Markdown(header_markdown(text_models, image_models, speech_models), elem_id="header")
+        header = gr.Markdown(header_markdown(text_models, image_models, speech_models, video_models), elem_id="header")
         with gr.Tabs():
             with gr.Tab("Text", id="text", elem_id="tab-text"):
                 with gr.Row():
@@ -461,19 +439,10 @@ def build_demo(text_generator=None, *, model: str | None = None, draft: str | No
 
             image_event = build_image_tab(gr, image_models, concurrency_limit=concurrency_limit,
                                           concurrency_id=MODEL_WORK)
+            video_event = build_image_tab(gr, video_models, concurrency_limit=concurrency_limit,
+                                          concurrency_id=MODEL_WORK)
             speech_event = build_speech_tab(gr, speech_models, concurrency_limit=concurrency_limit,
                                             concurrency_id=MODEL_WORK)
-            with gr.Tab("Video", id="video", elem_id="tab-video"):  # shows where video will appear
-                gr.Markdown(not_available_message("video"))
-                with gr.Row():
-                    with gr.Column(scale=1):
-                        v_source = gr.Textbox(label="Prompt or class label", lines=2, elem_id="video-prompt")
-                        methods = registry.method_names("video") or PLANNED_METHODS["video"]
-                        v_method = gr.Dropdown(methods, value=methods[0], label="Method", elem_id="video-method")
-                        v_run = gr.Button("Run", variant="primary", elem_id="video-run")
-                    with gr.Column(scale=2):
-                        v_output = gr.Image(label="Video", elem_id="video-output", interactive=False)
-                        v_stats = gr.Markdown(elem_id="video-stats")
 
         # ---- wiring ----
         def show_knobs(name):
@@ -485,13 +454,11 @@ def build_demo(text_generator=None, *, model: str | None = None, draft: str | No
                               [prompt, method, compare, temperature, top_p, seed, max_new_tokens, *knob_inputs],
                               [output, stats_panel, plot, stats_json], api_name="generate_text",
                               concurrency_limit=concurrency_limit, concurrency_id=MODEL_WORK)
-        for event in (run_event, image_event, speech_event):
-            event.then(lambda: header_markdown(text_models, image_models, speech_models), None, header, queue=False,
+        for event in (run_event, image_event, speech_event, video_event):
+            event.then(lambda: header_markdown(text_models, image_models, speech_models, video_models), None, header, queue=False,
                        api_name=False)
         stop.click(None, None, None, cancels=[run_event], api_name=False)
-        v_run.click(make_unavailable_runner("video"), [v_source, v_method], [v_output, v_stats],
-                    api_name="generate_video", concurrency_limit=None)
-        demo.load(lambda: header_markdown(text_models, image_models, speech_models), None, header, queue=False,
+        demo.load(lambda: header_markdown(text_models, image_models, speech_models, video_models), None, header, queue=False,
                   api_name=False)
     demo.queue(max_size=64)
     return demo
@@ -512,8 +479,10 @@ def launch_demo(args) -> int:
     from specgen.app.ui_speech import SpeechModels
 
     image_models = ImageModels(threads=args.threads)
+    video_models = ImageModels(threads=args.threads, video=True)
     speech_models = SpeechModels(threads=args.threads)
-    demo = build_demo(text_models=text_models, image_models=image_models, speech_models=speech_models)
+    demo = build_demo(text_models=text_models, image_models=image_models, speech_models=speech_models,
+                      video_models=video_models)
     try:
         demo.launch(server_name=args.host, server_port=args.port, show_error=True, ssr_mode=False,
                     footer_links=["api", "settings"], prevent_thread_lock=True)
@@ -522,6 +491,7 @@ def launch_demo(args) -> int:
     text_models.preload()  # serving already; the first request waits for the models if they are not ready
     image_models.preload()
     speech_models.preload()
+    video_models.preload()
     demo.block_thread()  # until Ctrl-C
     return 0
 

@@ -1,6 +1,7 @@
-"""The demo's Image tab: an image decoding live as Jacobi decoding commits its tokens (uncommitted rows dimmed),
-the live stats panel (τ, steps, acceptance per window position, tokens changed per step), and a comparison with
-plain decoding of the same request (measured speedup next to the one the measured τ predicts)."""
+"""The demo's Image and Video tabs: an image (or a video's frames, side by side) decoding live as Jacobi decoding
+commits its tokens (uncommitted codes dimmed), the live stats panel (τ, steps, acceptance per window position,
+tokens changed per step), and a comparison with plain decoding of the same request (measured speedup next to the one
+the measured τ predicts). A finished video is shown as a looping GIF."""
 
 from __future__ import annotations
 
@@ -16,44 +17,65 @@ MAX_GUIDANCE = 20.0
 
 
 class ImageModels(LazyGenerator):
-    def __init__(self, generator=None, *, model: str | None = None, vq: str | None = None, threads: int | None = 1):
+    def __init__(self, generator=None, *, model: str | None = None, vq: str | None = None, threads: int | None = 1,
+                 video: bool = False):
         def load():
             from specgen.modalities.image.generator import ImageGenerator
 
-            generator = ImageGenerator(model, vq, threads=threads)
+            generator = ImageGenerator(model, vq, threads=threads, video=video)
             generator.measure_window_s("K", 32)  # warm up: the first forward of a window size allocates
             generator.measure_step_s("K")
             return generator
 
-        super().__init__(load, "image models", generator)
+        self.modality = "video" if video else "image"
+        super().__init__(load, f"{self.modality} models", generator)
         self._model = model
 
     def describe(self) -> str:
         if self._generator is not None:
             path = self._generator.model_path
         else:
-            path = self._model or "assets/image/target"
-        return f"**Image model** ({self.state()}): `{path}`"
+            path = self._model or f"assets/image/{'video' if self.modality == 'video' else 'target'}"
+        return f"**{self.modality.capitalize()} model** ({self.state()}): `{path}`"
 
 
 def partial_image(generator, tokens: list[int]):
     """The image of the committed tokens so far: uncommitted codes are filled with the last committed one and
-    their pixels dimmed, so the picture fills in as tokens are committed."""
+    their pixels dimmed, so the picture fills in as tokens are committed. A video shows its frames in rows of four."""
     import numpy as np
     from PIL import Image
 
-    grid = generator.vocab.grid
+    from specgen.modalities.image.video import filmstrip
+
+    grid, total = generator.vocab.grid, generator.vocab.image_tokens
     filler = tokens[-1] if tokens else 0
-    codes = (tokens + [filler] * (grid * grid - len(tokens)))[:grid * grid]
-    pixels = generator.decode([codes])[0]
-    array = np.asarray(pixels).astype(np.float32)
-    committed = np.zeros(grid * grid, dtype=bool)
+    codes = (tokens + [filler] * (total - len(tokens)))[:total]
+    decoded = generator.decode([codes])[0]
+    frames = decoded if isinstance(decoded, list) else [decoded]
+    committed = np.zeros(total, dtype=bool)
     committed[:len(tokens)] = True
-    scale = array.shape[0] // grid
-    mask = np.kron(committed.reshape(grid, grid), np.ones((scale, scale), dtype=bool))
-    array[~mask] = 0.25 * array[~mask] + 0.75 * 200.0  # a light veil over what is not committed yet
-    image = Image.fromarray(array.clip(0, 255).astype(np.uint8))
-    return image.resize((image.width * DISPLAY_SCALE, image.height * DISPLAY_SCALE), Image.NEAREST)
+    shown = []
+    for k, frame in enumerate(frames):
+        array = np.asarray(frame).astype(np.float32)
+        scale = array.shape[0] // grid
+        mask = np.kron(committed[k * grid * grid:(k + 1) * grid * grid].reshape(grid, grid),
+                       np.ones((scale, scale), dtype=bool))
+        array[~mask] = 0.25 * array[~mask] + 0.75 * 200.0  # a light veil over what is not committed yet
+        shown.append(Image.fromarray(array.clip(0, 255).astype(np.uint8)))
+    image = shown[0] if len(shown) == 1 else filmstrip(shown, columns=4)
+    zoom = DISPLAY_SCALE if len(shown) == 1 else DISPLAY_SCALE // 2
+    return image.resize((image.width * zoom, image.height * zoom), Image.NEAREST)
+
+
+def finished_video(generator, tokens: list[int]) -> str:
+    """The decoded video as a looping GIF in a fresh temporary folder (the demo serves it from there)."""
+    import tempfile
+    from pathlib import Path
+
+    from specgen.modalities.image.video import save_video
+
+    folder = Path(tempfile.mkdtemp(prefix="specgen-video-"))
+    return str(save_video(generator.decode([tokens])[0], folder / "video.gif"))
 
 
 def make_image_runner(image_models: ImageModels):
@@ -62,16 +84,20 @@ def make_image_runner(image_models: ImageModels):
     from specgen.app.ui import (LiveStats, _check_number, _jsonable, _timed, acceptance_frame, shown_in_ui,
                                 stats_markdown)
 
+    modality = image_models.modality
+    example = "red K moving right on blue" if modality == "video" else "red K on blue"
+
     def run_image(prompt, method, compare, window, init, temperature, top_k, guidance, seed):
         if not isinstance(prompt, str) or not prompt.strip():
-            raise gr.Error("Enter a prompt or class first, e.g. 'red K on blue'.")
-        if method not in registry.method_names("image"):
-            raise gr.Error(f"unknown image method {method!r}; choose from: {', '.join(registry.method_names('image'))}")
+            raise gr.Error(f"Enter a prompt or class first, e.g. {example!r}.")
+        if method not in registry.method_names(modality):
+            raise gr.Error(f"unknown {modality} method {method!r}; choose from: "
+                           f"{', '.join(registry.method_names(modality))}")
         temperature = _check_number(gr, "temperature", temperature, 0.0, 5.0)
         top_k = _check_number(gr, "top-k", top_k, 0, MAX_TOP_K, integer=True)
         guidance = _check_number(gr, "guidance", guidance, 0.0, MAX_GUIDANCE)
         seed = _check_number(gr, "seed", seed, 0, 2**63 - 1, integer=True)
-        spec = registry.get_method("image", method)
+        spec = registry.get_method(modality, method)
         params = {}
         if spec.drafter is not None:
             params = {"window": _check_number(gr, "window", window, 2, 256, integer=True), "init": init or "random"}
@@ -82,7 +108,7 @@ def make_image_runner(image_models: ImageModels):
             options = dict(temperature=temperature, top_k=top_k, guidance_scale=guidance, seed=seed)
             yield from _stream_image(generator, prompt.strip(), method, spec, compare, params, options)
 
-        yield from shown_in_ui(gr, "image", body())
+        yield from shown_in_ui(gr, modality, body())
 
     def _stream_image(generator, prompt, method, spec, compare, params, options):
         from specgen.samplers.stats import SpecStats
@@ -108,7 +134,7 @@ def make_image_runner(image_models: ImageModels):
         if spec.drafter is not None:  # Jacobi's cost model: tau * T_window(1) / T_window(L)
             window_s = generator.measure_window_s(prompt, params["window"], guidance_scale=options["guidance_scale"])
             summary["predicted_speedup_measured"] = summary["tau"] * ar_step_s / window_s
-        image = partial_image(generator, tokens)
+        image = partial_image(generator, tokens) if modality == "image" else finished_video(generator, tokens)
         compared, note = None, ""
         if compare and spec.drafter is not None:
             yield (image, stats_markdown(summary, method=method, running=True,
@@ -134,49 +160,55 @@ def make_image_runner(image_models: ImageModels):
 
 
 def build_image_tab(gr, image_models: ImageModels, *, concurrency_limit: int, concurrency_id: str):
-    """The Image tab's components and events (call inside `gr.Blocks`)."""
-    from specgen.modalities.image.conditions import EXAMPLE_PROMPTS
+    """The Image tab (or, for video models, the Video tab): components and events (call inside `gr.Blocks`)."""
+    from specgen.modalities.image import conditions, video_data
 
-    methods = registry.method_names("image")
+    modality = image_models.modality
+    examples = video_data.EXAMPLE_PROMPTS if modality == "video" else conditions.EXAMPLE_PROMPTS
+    methods = registry.method_names(modality)
     default = "mc-sjd" if "mc-sjd" in methods else methods[0]
-    window_default = registry.get_method("image", default).resolve_knobs({}).get("window", 32)
-    with gr.Tab("Image", id="image", elem_id="tab-image"):
+    window_default = registry.get_method(modality, default).resolve_knobs({}).get("window", 32)
+    with gr.Tab(modality.capitalize(), id=modality, elem_id=f"tab-{modality}"):
         with gr.Row():
             with gr.Column(scale=1):
-                prompt = gr.Dropdown(list(EXAMPLE_PROMPTS), value=EXAMPLE_PROMPTS[0], allow_custom_value=True,
-                                     label="Prompt or class", elem_id="image-prompt",
-                                     info="colour, character and background, a digit, or a photo name")
-                method = gr.Dropdown(methods, value=default, label="Method", elem_id="image-method")
-                compare = gr.Checkbox(value=True, label="compare with plain decoding", elem_id="image-compare",
+                prompt = gr.Dropdown(list(examples), value=examples[0], allow_custom_value=True,
+                                     label="Prompt or class", elem_id=f"{modality}-prompt",
+                                     info="colour, character, motion (left, right, up, down) and background"
+                                     if modality == "video" else
+                                     "colour, character and background, a digit, or a photo name")
+                method = gr.Dropdown(methods, value=default, label="Method", elem_id=f"{modality}-method")
+                compare = gr.Checkbox(value=True, label="compare with plain decoding", elem_id=f"{modality}-compare",
                                       info="re-runs the same request with `ar` and measures the speedup")
                 with gr.Row():
-                    run = gr.Button("Run", variant="primary", elem_id="image-run")
-                    stop = gr.Button("Stop", variant="stop", elem_id="image-stop")
+                    run = gr.Button("Run", variant="primary", elem_id=f"{modality}-run")
+                    stop = gr.Button("Stop", variant="stop", elem_id=f"{modality}-stop")
                 with gr.Accordion("Settings", open=True):
                     window = gr.Slider(2, 128, value=window_default, step=1, label="window L",
-                                       info="tokens scored per step (Jacobi methods)", elem_id="image-window")
+                                       info="tokens scored per step (Jacobi methods)", elem_id=f"{modality}-window")
                     init = gr.Radio(["random", "left"], value="random", label="initial drafts",
-                                    elem_id="image-init")
+                                    elem_id=f"{modality}-init")
                     temperature = gr.Slider(0.0, 2.0, value=1.0, step=0.05, label="temperature",
-                                            info="0 means greedy", elem_id="image-temperature")
+                                            info="0 means greedy", elem_id=f"{modality}-temperature")
                     top_k = gr.Number(value=50, precision=0, minimum=0, label="top-k (0 = all codes)",
-                                      elem_id="image-top-k")
+                                      elem_id=f"{modality}-top-k")
                     guidance = gr.Slider(0.0, 8.0, value=3.0, step=0.25, label="guidance scale (1 = off)",
-                                         elem_id="image-guidance")
-                    seed = gr.Number(value=0, precision=0, minimum=0, label="seed", elem_id="image-seed")
+                                         elem_id=f"{modality}-guidance")
+                    seed = gr.Number(value=0, precision=0, minimum=0, label="seed", elem_id=f"{modality}-seed")
             with gr.Column(scale=2):
                 with gr.Row():
-                    output = gr.Image(label="Image", elem_id="image-output", interactive=False, type="pil",
-                                      format="png", height=280, width=280)  # png: lossless, unlike the webp default
+                    size = (280, 280) if modality == "image" else (300, 540)
+                    output = gr.Image(label=modality.capitalize(), elem_id=f"{modality}-output", interactive=False,
+                                      type="pil", format="png", height=size[0], width=size[1])  # png: lossless
                     plot = gr.BarPlot(None, x="draft position", y="acceptance", y_lim=[0, 1],
-                                      title="acceptance per window position", elem_id="image-acceptance",
+                                      title="acceptance per window position", elem_id=f"{modality}-acceptance",
                                       height=260)
-                stats_panel = gr.Markdown("_run a prompt to see τ, steps and the speedup_", elem_id="image-stats")
+                stats_panel = gr.Markdown("_run a prompt to see τ, steps and the speedup_",
+                                          elem_id=f"{modality}-stats")
                 with gr.Accordion("all statistics (JSON)", open=False):
-                    stats_json = gr.JSON(elem_id="image-stats-json")
+                    stats_json = gr.JSON(elem_id=f"{modality}-stats-json")
     runner = make_image_runner(image_models)
     event = run.click(runner, [prompt, method, compare, window, init, temperature, top_k, guidance, seed],
-                      [output, stats_panel, plot, stats_json], api_name="generate_image",
+                      [output, stats_panel, plot, stats_json], api_name=f"generate_{modality}",
                       concurrency_limit=concurrency_limit, concurrency_id=concurrency_id)
     stop.click(None, None, None, cancels=[event], api_name=False)
     return event

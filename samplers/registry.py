@@ -162,24 +162,29 @@ register(MethodSpec("svip", "text", True,
                                 "sqrt(0.15 * entropy) above this", 0.0, 10.0))))
 
 
-# ---- image ------------------------------------------------------------------------------------
+# ---- image and video --------------------------------------------------------------------------
 WINDOW = Knob("window", int, 32, "Jacobi window L: tokens scored per step (the pending token and L-1 drafts)", 2, 256)
 JACOBI_INIT = Knob("init", str, "random", "how empty window slots are drafted: 'random' (uniform over image codes) "
                    "or 'left' (copy the previous token)")
-register(MethodSpec("ar", "image", True, "plain autoregressive decoding of the visual token model (the baseline)",
-                    drafter=None, rule="none"))
-register(MethodSpec("sjd", "image", True,
-                    "speculative Jacobi decoding: the model drafts its own window; uncommitted slots are re-drafted "
-                    "independently from this step's law", drafter="jacobi-independent", rule="chain",
-                    paper="Teng et al. 2024", knobs=(Knob("window", int, 8, WINDOW.help, 2, 256), JACOBI_INIT)))
-register(MethodSpec("mc-sjd", "image", True,
-                    "Jacobi decoding with maximal coupling: uncommitted slots keep their draft with probability "
-                    "min(1, new law / old law), so the window settles", drafter="jacobi-maximal", rule="chain",
-                    paper="So et al. 2025 (MC-SJD / speculative coupled decoding)", knobs=(WINDOW, JACOBI_INIT)))
-register(MethodSpec("gumbel-sjd", "image", True,
-                    "Jacobi decoding with Gumbel coupling: every step re-drafts with the same Gumbel noise per position",
-                    drafter="jacobi-gumbel", rule="chain",
-                    paper="So et al. 2025 (MC-SJD / speculative coupled decoding)", knobs=(WINDOW, JACOBI_INIT)))
+# Video: the same decoders; longer windows pay off because a frame is predictable from the one before it.
+for _modality, _sjd_window, _window in (("image", 8, 32), ("video", 16, 64)):
+    _knob = Knob("window", int, _window, WINDOW.help, 2, 256)
+    register(MethodSpec("ar", _modality, True,
+                        "plain autoregressive decoding of the visual token model (the baseline)", drafter=None,
+                        rule="none"))
+    register(MethodSpec("sjd", _modality, True,
+                        "speculative Jacobi decoding: the model drafts its own window; uncommitted slots are "
+                        "re-drafted independently from this step's law", drafter="jacobi-independent", rule="chain",
+                        paper="Teng et al. 2024", knobs=(Knob("window", int, _sjd_window, WINDOW.help, 2, 256),
+                                                         JACOBI_INIT)))
+    register(MethodSpec("mc-sjd", _modality, True,
+                        "Jacobi decoding with maximal coupling: uncommitted slots keep their draft with probability "
+                        "min(1, new law / old law), so the window settles", drafter="jacobi-maximal", rule="chain",
+                        paper="So et al. 2025 (MC-SJD / speculative coupled decoding)", knobs=(_knob, JACOBI_INIT)))
+    register(MethodSpec("gumbel-sjd", _modality, True,
+                        "Jacobi decoding with Gumbel coupling: every step re-drafts with the same Gumbel noise per "
+                        "position", drafter="jacobi-gumbel", rule="chain",
+                        paper="So et al. 2025 (MC-SJD / speculative coupled decoding)", knobs=(_knob, JACOBI_INIT)))
 
 
 # ---- speech -----------------------------------------------------------------------------------

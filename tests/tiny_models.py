@@ -36,15 +36,18 @@ def save_tiny_pair(root, wide=False) -> tuple[str, str]:
     return save_tiny(root / "target", 0, wide=wide), save_tiny(root / "draft", 1, layers=1, hidden=16, wide=wide)
 
 
-def save_tiny_image_model(root, *, num_codes, grid, seed=0):
-    """A tiny random image token model (target/ with vocab.json) and a tiny random VQ (vq/) under root."""
+def save_tiny_image_model(root, *, num_codes, grid, seed=0, frames=1):
+    """A tiny random image token model (target/ with vocab.json; a video model when frames > 1) and a tiny random
+    VQ (vq/) under root."""
     from specgen.modalities.image.conditions import ImageVocab
     from specgen.modalities.image.vq import build_vq, save_vq
 
-    vocab = ImageVocab(num_codes=num_codes, words=("red", "blue", "on", "K", "digit", "3"), prefix_length=4, grid=grid)
+    words = ("red", "blue", "on", "K", "digit", "3") + (("moving", "right") if frames > 1 else ())
+    vocab = ImageVocab(num_codes=num_codes, words=words, prefix_length=4 if frames == 1 else 6, grid=grid,
+                       frames=frames)
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=vocab.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max(64, vocab.sequence_length),
                          initializer_range=0.3, bos_token_id=vocab.bos, eos_token_id=None)
     LlamaForCausalLM(config).save_pretrained(root / "target")
     vocab.save(root / "target" / "vocab.json")

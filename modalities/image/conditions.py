@@ -34,6 +34,7 @@ class ImageVocab:
     words: tuple[str, ...]  # condition words (colours, characters, "digit", "photo", "of", "on", photo names, ...)
     prefix_length: int  # fixed number of condition tokens (padded with PAD)
     grid: int = 16  # tokens per side: an image is grid*grid tokens in raster order
+    frames: int = 1  # a video is `frames` images one after another
 
     @property
     def bos(self) -> int:
@@ -56,8 +57,13 @@ class ImageVocab:
         return self.num_codes + len(SPECIALS) + len(self.words)
 
     @property
-    def image_tokens(self) -> int:
+    def frame_tokens(self) -> int:
         return self.grid * self.grid
+
+    @property
+    def image_tokens(self) -> int:
+        """Codes generated per request: one image, or every frame of a video."""
+        return self.frames * self.grid * self.grid
 
     @property
     def prompt_length(self) -> int:
@@ -115,7 +121,7 @@ class ImageVocab:
 
     def to_dict(self) -> dict:
         return {"num_codes": self.num_codes, "words": list(self.words), "prefix_length": self.prefix_length,
-                "grid": self.grid, "specials": {s: getattr(self, s) for s in SPECIALS}}
+                "grid": self.grid, "frames": self.frames, "specials": {s: getattr(self, s) for s in SPECIALS}}
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
@@ -129,7 +135,7 @@ class ImageVocab:
             raise ModelNotFound(f"no image vocabulary at {str(path)!r}")
         d = json.loads(path.read_text())
         return cls(num_codes=int(d["num_codes"]), words=tuple(d["words"]), prefix_length=int(d["prefix_length"]),
-                   grid=int(d.get("grid", 16)))
+                   grid=int(d.get("grid", 16)), frames=int(d.get("frames", 1)))
 
 
 def default_vocab(num_codes: int = 512, grid: int = 16) -> ImageVocab:
@@ -139,3 +145,14 @@ def default_vocab(num_codes: int = 512, grid: int = 16) -> ImageVocab:
     words = ["digit", "photo", "of", "on", *data.PALETTE, *data.CHARACTERS, *data.PHOTOS]
     # "green digit 3 on black" is the longest prompt (5 words)
     return ImageVocab(num_codes=num_codes, words=tuple(dict.fromkeys(words)), prefix_length=5, grid=grid)
+
+
+def video_vocab(num_codes: int = 512, grid: int = 16) -> ImageVocab:
+    """The vocabulary of the clips in `video_data.py`: the image words (same ids, so an image model's embedding
+    carries over) followed by the motion words, one more condition slot, and `video_data.FRAMES` frames."""
+    from specgen.modalities.image import video_data
+
+    image = default_vocab(num_codes, grid)
+    words = tuple(dict.fromkeys([*image.words, "moving", *video_data.MOTIONS]))
+    # "green Q moving left on white" is the longest prompt (6 words)
+    return ImageVocab(num_codes=num_codes, words=words, prefix_length=6, grid=grid, frames=video_data.FRAMES)

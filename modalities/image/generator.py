@@ -1,10 +1,13 @@
-"""`ImageGenerator`: conditioned image-token generation, plain or by Jacobi decoding, and VQ decoding to pixels.
+"""`ImageGenerator`: conditioned image- and video-token generation, plain or by Jacobi decoding, and VQ decoding to
+pixels.
 
-A request is a short prompt ("red K on blue", "digit 3", "photo of coffee"; a class name is a prompt too). The
+A request is a short prompt ("red K on blue", "digit 3", "photo of coffee"; a class name is a prompt too; for a
+video model "red K moving right on blue"). A video is its frames' codes one frame after another. The
 target scores its conditioned and unconditioned rows in one batched forward (`GuidedTarget`), and one
 `Processing` applies guidance, the image-codes-only constraint, temperature and top-k to every slot of every
 window, for plain decoding and verification alike. Methods come from the registry: `ar`, `sjd`, `mc-sjd`,
-`gumbel-sjd` (all exact). Without arguments it loads the models shipped in `assets/image/`.
+`gumbel-sjd` (all exact). Without arguments it loads the image model shipped in `assets/image/`; with
+`video=True` the video model.
 """
 
 from __future__ import annotations
@@ -49,21 +52,23 @@ class CodesOnly:
 
 @dataclass(frozen=True)
 class ImageResult:
-    image: object  # PIL.Image of the first sample
-    images: list  # one PIL.Image per sample
-    tokens: list[list[int]]  # image codes per sample, raster order
+    image: object  # the first sample: a PIL.Image, or for a video its list of PIL frames
+    images: list  # one such per sample
+    tokens: list[list[int]]  # codes per sample, raster order (frame after frame for a video)
     stats: dict
 
 
 class ImageGenerator:
     def __init__(self, model: str | Path | None = None, vq: str | Path | None = None, *, threads: int | None = 1,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, video: bool = False):
         if threads:
             torch.set_num_threads(threads)
         paths = default_paths()
-        self.model_path, self.vq_path = Path(model or paths["target"]), Path(vq or paths["vq"])
+        self.model_path = Path(model or paths["video" if video else "target"])
+        self.vq_path = Path(vq or paths["vq"])
         self.model = load_image_lm(self.model_path, dtype)
         self.vocab = load_image_vocab(self.model_path)
+        self.modality = "video" if self.vocab.frames > 1 else "image"  # the registry's method table to use
         self._vq = None
         self.last_drafter: JacobiDrafter | None = None
 
@@ -86,7 +91,7 @@ class ImageGenerator:
     def stream(self, prompt: str, *, method: str = "mc-sjd", temperature: float = 1.0, top_k: int | None = None,
                top_p: float = 1.0, guidance_scale: float | None = None, seed: int = 0, num_samples: int = 1,
                stats: SpecStats | None = None, **params) -> Iterator[StepEvent]:
-        spec = get_method("image", method)
+        spec = get_method(self.modality, method)
         knobs = spec.resolve_knobs(params)
         if num_samples < 1:
             raise InvalidRequest(f"num_samples must be >= 1, got {num_samples}")
@@ -120,7 +125,7 @@ class ImageGenerator:
 
     def summary(self, stats: SpecStats, method: str, wall_s: float, ar_step_s: float | None) -> dict:
         """The stats of the last run, with the Jacobi window's mean number of drafts changed per step."""
-        summary = stats.summary(method=method, lossless=get_method("image", method).lossless, wall_s=wall_s,
+        summary = stats.summary(method=method, lossless=get_method(self.modality, method).lossless, wall_s=wall_s,
                                 ar_step_s=ar_step_s)
         if self.last_drafter is not None:
             changed = self.last_drafter.changed
@@ -128,23 +133,34 @@ class ImageGenerator:
         return summary
 
     def decode(self, tokens: list[list[int]]) -> list:
-        """Image codes per sample (raster order, grid * grid each) -> PIL images."""
+        """Codes per sample (raster order, frame after frame) -> a PIL image per sample, or for a video model a
+        list of PIL frames per sample."""
         from PIL import Image
 
-        grid = self.vocab.grid
-        if any(len(t) != grid * grid for t in tokens):
-            raise InvalidRequest(f"each image needs {grid * grid} codes")
-        pixels = vq_codec.decode(self.vq, torch.tensor(tokens).reshape(len(tokens), grid, grid))
-        return [Image.fromarray(p) for p in pixels]
+        grid, frames = self.vocab.grid, self.vocab.frames
+        if any(len(t) != self.vocab.image_tokens for t in tokens):
+            raise InvalidRequest(f"each {self.modality} needs {self.vocab.image_tokens} codes")
+        pixels = vq_codec.decode(self.vq, torch.tensor(tokens).reshape(len(tokens) * frames, grid, grid))
+        images = [Image.fromarray(p) for p in pixels]
+        if frames == 1:
+            return images
+        return [images[k * frames:(k + 1) * frames] for k in range(len(tokens))]
 
     def measure_step_s(self, prompt: str, guidance_scale: float | None = None, repeats: int = 3) -> float:
         """Median time of one plain decoding step after the prompt (with the guidance row if any): T_ar."""
         return self.measure_window_s(prompt, 1, guidance_scale=guidance_scale, repeats=repeats)
 
     def measure_window_s(self, prompt: str, window: int, *, guidance_scale: float | None = None,
-                         repeats: int = 3) -> float:
-        """Median time of one target forward over `window` slots (pending + window-1 drafts): T_window(L)."""
-        target = TransformersTarget(self.model)
+                         repeats: int = 3, context: int | None = None) -> float:
+        """Median time of one target forward over `window` slots (pending + window-1 drafts) after `context`
+        generated codes: T_window(L). The default context is half the codes of a request, the mean context a
+        decoding step sees (it matters for video, whose 2,000-token contexts make attention a large part of a
+        step)."""
+        prompt_ids = self.vocab.prompt_ids(prompt)
+        context = self.vocab.image_tokens // 2 if context is None else context
+        ids = torch.cat([prompt_ids, torch.arange(context) % self.vocab.num_codes])  # placeholder codes
+        target = TransformersTarget(self.model, capacity=len(ids) + window)
         if self.processing(guidance_scale=guidance_scale).guidance_scale is not None:
-            target = GuidedTarget(target, lambda _: self.vocab.uncond_ids())
-        return measure_window_s(target, self.vocab.prompt_ids(prompt), window, repeats)
+            uncond = self.vocab.uncond_ids()
+            target = GuidedTarget(target, lambda row: torch.cat([uncond, torch.as_tensor(row)[len(uncond):]]))
+        return measure_window_s(target, ids, window, repeats)

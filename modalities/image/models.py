@@ -16,10 +16,12 @@ from specgen.errors import InvalidRequest, ModelNotFound
 ARCHITECTURES = {
     "target": dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=4,
                    num_key_value_heads=4),
+    "video": dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=4),  # the image target's shape, so it starts from the image target
     "draft": dict(hidden_size=96, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=4),
 }
-MAX_POSITIONS = 512  # >= prefix + 2 + 256
+MAX_POSITIONS = 512  # >= prefix + 2 + 256 for images; video models get their sequence length rounded up to 64
 
 
 def assets_dir() -> Path:
@@ -31,7 +33,7 @@ def assets_dir() -> Path:
 
 def default_paths() -> dict[str, Path]:
     base = assets_dir()
-    return {"vq": base / "vq", "target": base / "target", "draft": base / "draft"}
+    return {"vq": base / "vq", "target": base / "target", "draft": base / "draft", "video": base / "video"}
 
 
 def image_model_config(role: str, vocab: ImageVocab):
@@ -39,9 +41,8 @@ def image_model_config(role: str, vocab: ImageVocab):
 
     if role not in ARCHITECTURES:
         raise InvalidRequest(f"image model role must be one of {', '.join(ARCHITECTURES)}, not {role!r}")
-    if vocab.sequence_length > MAX_POSITIONS:
-        raise InvalidRequest(f"image sequences of {vocab.sequence_length} tokens exceed {MAX_POSITIONS} positions")
-    return LlamaConfig(vocab_size=vocab.vocab_size, max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-5,
+    positions = max(MAX_POSITIONS, -(-vocab.sequence_length // 64) * 64)
+    return LlamaConfig(vocab_size=vocab.vocab_size, max_position_embeddings=positions, rms_norm_eps=1e-5,
                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                        bos_token_id=vocab.bos, eos_token_id=None, pad_token_id=vocab.pad,
                        tie_word_embeddings=False, **ARCHITECTURES[role])

@@ -1,7 +1,8 @@
-"""Train the image tokenizer (role vq) and the image token models (roles target, draft), resumably.
+"""Train the image tokenizer (role vq) and the image and video token models (roles target, draft, video), resumably.
 
     python -m specgen.modalities.image.train --role vq --run-dir /work/runs/image-vq --out assets/image/vq
     python -m specgen.modalities.image.train --role target --run-dir /work/runs/image-target --out assets/image/target
+    python -m specgen.modalities.image.train --role video --run-dir /work/runs/image-video --out assets/image/video
 
 A run folder holds `checkpoint.pt` (model, optimizer, step, RNG and role state), `metrics.jsonl` and, for the
 token models, the token cache (`tokens.npz`, the training images encoded once with the shipped VQ). Batches are
@@ -23,12 +24,14 @@ from pathlib import Path
 
 from specgen.errors import InvalidRequest
 
-ROLES = ("vq", "target", "draft")
+ROLES = ("vq", "target", "draft", "video")
 DEFAULTS = {  # role -> (steps, batch size, peak lr); the shipped recipe
     "vq": (800, 32, 1e-3),
     "target": (1800, 8, 1.5e-3),
     "draft": (1500, 16, 2e-3),
+    "video": (600, 4, 1e-3),
 }
+DEFAULT_ITEMS = {"video": 4000}  # training items for the token models (images; clips for video), else 20000
 LOSS_WINDOW = 50  # the reported final train loss is the mean over this many last steps
 
 
@@ -54,21 +57,24 @@ class TrainConfig:
     cond_dropout: float = 0.1
     class_prompt: float = 0.1  # fraction of rows conditioned on the class alone ("K", "digit 3")
     vq_path: str | None = None
+    init_from: str | None = None  # a token model whose weights the new one starts from (video: the image target)
     extra: dict = field(default_factory=dict)
 
     # Settings that change what a step computes; a checkpoint only resumes under the same ones.
-    FIXED = ("role", "batch_size", "seed", "num_images", "cond_dropout", "class_prompt")
+    FIXED = ("role", "batch_size", "seed", "num_images", "cond_dropout", "class_prompt", "init_from")
 
     def command(self) -> str:
         parts = ["python -m specgen.modalities.image.train", f"--role {self.role}", f"--steps {self.steps}",
                  f"--batch-size {self.batch_size}", f"--lr {self.lr:g}", f"--seed {self.seed}",
                  f"--threads {self.threads}", f"--run-dir {self.run_dir}"]
-        if self.role != "vq" and self.num_images != 20000:
+        if self.role != "vq" and self.num_images != DEFAULT_ITEMS.get(self.role, 20000):
             parts.append(f"--num-images {self.num_images}")
         if self.eval_images != 256:
             parts.append(f"--eval-images {self.eval_images}")
         if self.vq_path:
             parts.append(f"--vq {self.vq_path}")
+        if self.init_from:
+            parts.append(f"--init-from {self.init_from}")
         if self.out:
             parts.append(f"--out {self.out}")
         return " ".join(parts)
@@ -175,30 +181,43 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def token_cache(run_dir: Path, vq_path: Path, num_images: int, eval_images: int, seed: int) -> dict:
-    """Training and held-out images encoded once with the VQ at vq_path, cached in run_dir/tokens.npz
-    (rebuilt when the VQ weights, the counts or the seed change)."""
+def _items(kind: str, n: int, seed: int, split: str, start: int):
+    """(frames uint8 [n * frames, 64, 64, 3], prompts, classes) of images or clips start .. start+n-1."""
+    from specgen.modalities.image import data, video_data
+
+    if kind == "video":
+        clips = video_data.make_clips(n, seed=seed, split=split, start=start)
+        return clips.clips.reshape(-1, *clips.clips.shape[2:]), clips.prompts, clips.classes
+    items = data.make_dataset(n, seed=seed, split=split, start=start)
+    return items.images, items.prompts, items.classes
+
+
+def token_cache(run_dir: Path, vq_path: Path, num_images: int, eval_images: int, seed: int,
+                kind: str = "image") -> dict:
+    """Training and held-out images (or clips, kind "video") encoded once with the VQ at vq_path, cached in
+    run_dir/tokens.npz (rebuilt when the VQ weights, the counts, the kind or the seed change)."""
     import numpy as np
-    from specgen.modalities.image import data
     from specgen.modalities.image.vq import encode, load_vq
     from tqdm import tqdm
 
     weights = vq_path / "diffusion_pytorch_model.safetensors"
     vq = load_vq(vq_path)
     key = {"vq_sha256": _sha256(weights), "num_images": num_images, "eval_images": eval_images, "seed": seed}
+    if kind != "image":
+        key["kind"] = kind
     path, meta = run_dir / "tokens.npz", run_dir / "tokens.json"
     if path.exists() and meta.exists() and json.loads(meta.read_text()) == key:
         blob = np.load(path)
         return {k: blob[k] for k in blob.files} | {"vq": vq}
     out = {}
-    chunk = 1000
+    chunk = 1000 if kind == "image" else 125
     for split, n in (("train", num_images), ("val", eval_images)):
         codes, prompts, classes = [], [], []
-        for start in tqdm(range(0, n, chunk), desc=f"encode {split} images", file=sys.stderr, leave=False):
-            items = data.make_dataset(min(chunk, n - start), seed=seed, split=split, start=start)
-            codes.append(encode(vq, items.images).reshape(len(items), -1).numpy().astype(np.uint16))
-            prompts += items.prompts
-            classes += items.classes
+        for start in tqdm(range(0, n, chunk), desc=f"encode {split} {kind}", file=sys.stderr, leave=False):
+            frames, chunk_prompts, chunk_classes = _items(kind, min(chunk, n - start), seed, split, start)
+            codes.append(encode(vq, frames).reshape(len(chunk_prompts), -1).numpy().astype(np.uint16))
+            prompts += chunk_prompts
+            classes += chunk_classes
         out[f"{split}_codes"] = np.concatenate(codes)
         out[f"{split}_prompts"] = np.array(prompts)
         out[f"{split}_classes"] = np.array(classes)
@@ -211,6 +230,22 @@ def token_cache(run_dir: Path, vq_path: Path, num_images: int, eval_images: int,
     return out | {"vq": vq}
 
 
+def start_from(model, path: Path) -> None:
+    """Copy the weights of the token model at `path` into `model` (same layer shapes): the vocabulary of `model`
+    may extend it (ids kept, new words appended), whose new embedding and head rows keep their fresh init."""
+    import torch
+    from specgen.modalities.image.models import load_image_lm
+
+    source = load_image_lm(path).float().state_dict()
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            old = source.get(name)
+            if old is None or old.shape[1:] != tensor.shape[1:] or old.shape[0] > tensor.shape[0]:
+                raise InvalidRequest(f"cannot start from {str(path)!r}: its {name} has shape "
+                                     f"{tuple(old.shape) if old is not None else None}, this model's {tuple(tensor.shape)}")
+            tensor[:old.shape[0]] = old
+
+
 class LMTask:
     """Next-token loss on the 256 image codes of [BOS, condition, BOI, codes]; the condition is the full prompt,
     or (class_prompt of rows) the class alone, or (cond_dropout of rows) all NULL so guidance has an
@@ -218,7 +253,7 @@ class LMTask:
 
     def __init__(self, cfg: TrainConfig):
 
-        from specgen.modalities.image.conditions import default_vocab
+        from specgen.modalities.image.conditions import default_vocab, video_vocab
         from specgen.modalities.image.models import build_image_lm, default_paths
 
         self.cfg = cfg
@@ -228,9 +263,13 @@ class LMTask:
 
             raise ModelNotFound(f"the {cfg.role} trains on codes of the VQ in {str(vq_path)!r}, which is missing; "
                                 "train it first (--role vq --out that folder) or pass --vq")
-        self.tokens = token_cache(Path(cfg.run_dir), vq_path, cfg.num_images, cfg.eval_images, cfg.seed)
-        self.vocab = default_vocab(num_codes=self.tokens["vq"].config.num_vq_embeddings)
+        kind = "video" if cfg.role == "video" else "image"
+        self.tokens = token_cache(Path(cfg.run_dir), vq_path, cfg.num_images, cfg.eval_images, cfg.seed, kind)
+        make_vocab = video_vocab if kind == "video" else default_vocab
+        self.vocab = make_vocab(num_codes=self.tokens["vq"].config.num_vq_embeddings)
         self.model = build_image_lm(cfg.role, self.vocab)
+        if cfg.init_from:
+            start_from(self.model, Path(cfg.init_from))
         # Condition ids per distinct prompt and class string, computed once.
         self._cond = {s: self.vocab.prompt_ids(s).tolist() for s in set(self.tokens["train_prompts"].tolist())
                       | set(self.tokens["train_classes"].tolist()) | set(self.tokens["val_prompts"].tolist())}
@@ -474,13 +513,21 @@ def card_figures(folder: Path, per_source: int = 64, sample_prompts: tuple[str, 
     return report
 
 
+def _default_init(role: str) -> str | None:
+    """The video model starts from the shipped image target (it learns motion, not drawing), when it is there."""
+    from specgen.modalities.image.models import default_paths
+
+    target = default_paths()["target"]
+    return str(target) if role == "video" and (target / "model.safetensors").exists() else None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m specgen.modalities.image.train", description=__doc__.split("\n")[0])
     p.add_argument("--role", choices=ROLES)
     p.add_argument("--card", type=Path, default=None, metavar="FOLDER",
                    help="measure FOLDER/vq and write the model card figures into FOLDER (e.g. assets/image)")
-    p.add_argument("--steps", type=int, default=None, help="default: vq 800, target 1800, draft 1500")
-    p.add_argument("--batch-size", type=int, default=None, help="default: vq 32, target 8, draft 16")
+    p.add_argument("--steps", type=int, default=None, help="default: vq 800, target 1800, draft 1500, video 600")
+    p.add_argument("--batch-size", type=int, default=None, help="default: vq 32, target 8, draft 16, video 4")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: vq 1e-3, target 1.5e-3, "
                                                           "draft 2e-3)")
     p.add_argument("--seed", type=int, default=0)
@@ -489,9 +536,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="export the finished model into this folder")
     p.add_argument("--checkpoint-minutes", type=float, default=10.0)
     p.add_argument("--eval-every", type=int, default=100)
-    p.add_argument("--num-images", type=int, default=20000, help="target/draft: images in the token dataset")
+    p.add_argument("--num-images", type=int, default=None,
+                   help="token models: training items (default: 20000 images; video 4000 clips)")
     p.add_argument("--eval-images", type=int, default=256, help="held-out images for the eval loss / PSNR")
     p.add_argument("--vq", type=Path, default=None, help="target/draft: the VQ folder (default: assets/image/vq)")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="start from this token model's weights (video default: assets/image/target when present)")
     p.add_argument("--no-resume", action="store_true", help="start over even if the run folder has a checkpoint")
     a = p.parse_args(argv)
     if a.card:
@@ -507,8 +557,10 @@ def main(argv: list[str] | None = None) -> int:
                       lr=a.lr or lr, seed=a.seed, threads=a.threads,
                       run_dir=str(a.run_dir or Path("runs") / f"image-{a.role}"),
                       out=str(a.out) if a.out else None, checkpoint_minutes=a.checkpoint_minutes,
-                      eval_every=a.eval_every, num_images=a.num_images,
-                      eval_images=a.eval_images, vq_path=str(a.vq) if a.vq else None)
+                      eval_every=a.eval_every,
+                      num_images=a.num_images or DEFAULT_ITEMS.get(a.role, 20000),
+                      eval_images=a.eval_images, vq_path=str(a.vq) if a.vq else None,
+                      init_from=str(a.init_from) if a.init_from else _default_init(a.role))
     summary = train(cfg, resume=not a.no_resume)
     print(json.dumps({k: summary[k] for k in ("role", "params", "steps", "final_train_loss", "eval", "wall_s")}))
     return 0

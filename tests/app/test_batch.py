@@ -28,6 +28,11 @@ def image_pair(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def video_model(tmp_path_factory):
+    return str(save_tiny_image_model(tmp_path_factory.mktemp("video"), num_codes=16, grid=4, frames=2)[0])
+
+
+@pytest.fixture(scope="module")
 def speech_paths(tmp_path_factory):
     return tuple(map(str, save_tiny_speech_models(tmp_path_factory.mktemp("speech"), num_tokens=64)))
 
@@ -43,7 +48,7 @@ ITEMS = [
      "params": {"max_new_tokens": 10, "num_draft_tokens": 3}},
     {"id": "speech", "modality": "speech", "text": "hello", "method": "sd",
      "params": {"temperature": 0.0, "max_new_tokens": 20}},
-    {"id": "video", "modality": "video", "class": "3"},
+    {"id": "video", "modality": "video", "class": "3", "params": {"window": 40, "temperature": 0.0}},
     {"id": "too-long", "modality": "text", "prompt": "ab", "params": {"max_new_tokens": 500}},
     {"id": "sampled", "modality": "text", "prompt": "ab", "seed": 3, "method": "draft",
      "params": {"temperature": 1.0, "top_p": 0.9, "num_samples": 2, "max_new_tokens": 8}},
@@ -70,22 +75,22 @@ def run_cli(argv, capsys):
 
 
 @pytest.fixture(scope="module")
-def full_run(pair, image_pair, speech_paths, tmp_path_factory):
+def full_run(pair, image_pair, video_model, speech_paths, tmp_path_factory):
     """One uninterrupted run through the command line (the reference for the resume tests)."""
     folder = tmp_path_factory.mktemp("full")
     source = write_jsonl(folder / "in.jsonl", ITEMS)
     summary = batch_module.run_batch(source, folder / "out.jsonl", model=pair[0], draft=pair[1], progress=False,
-                                     image_model=image_pair[0], image_vq=image_pair[1], speech_paths=speech_paths)
+                                     image_model=image_pair[0], image_vq=image_pair[1], speech_paths=speech_paths,
+                                     video_model=video_model)
     return source, read_jsonl(folder / "out.jsonl"), summary
 
 
-def test_every_item_gets_one_line_and_failures_are_recorded(full_run, generator, image_pair):
+def test_every_item_gets_one_line_and_failures_are_recorded(full_run, generator, image_pair, video_model):
     source, records, summary = full_run
     by_id = {r["id"]: r for r in records}
     assert [r["id"] for r in records] == [item["id"] for item in ITEMS]
     assert all(set(r) == {"id", "status", "result" if r["status"] == "ok" else "error", "stats"} for r in records)
-    assert {i for i, r in by_id.items() if r["status"] == "error"} == {"video", "too-long", "bad/image"}
-    assert "not available in this version" in by_id["video"]["error"]
+    assert {i for i, r in by_id.items() if r["status"] == "error"} == {"too-long", "bad/image"}
     speech = by_id["speech"]["result"]
     assert speech["audio"] == str(source.parent / "out-audio" / "speech.wav") and len(speech["tokens"]) > 0
     assert "unknown word" in by_id["bad/image"]["error"]
@@ -97,6 +102,10 @@ def test_every_item_gets_one_line_and_failures_are_recorded(full_run, generator,
     assert image["image"] == str(source.parent / "out-images" / "image.png") and Image.open(image["image"]).size == (16, 16)
     greedy = ImageGenerator(*image_pair).generate("3", method="ar", temperature=0)
     assert image["tokens"] == greedy.tokens[0] and by_id["image"]["stats"]["method"] == "mc-sjd"
+    video = by_id["video"]["result"]
+    assert video["video"] == str(source.parent / "out-videos" / "video.gif") and Image.open(video["video"]).n_frames == 2
+    greedy = ImageGenerator(video_model, image_pair[1]).generate("3", method="ar", temperature=0)
+    assert video["tokens"] == greedy.tokens[0] and by_id["video"]["stats"]["steps"] < 32
     assert "max_new_tokens" in by_id["too-long"]["error"]
     alone = generator.generate("abc abc (x", method="draft", max_new_tokens=12)
     assert by_id["greedy"]["result"] == {"text": alone.text, "tokens": alone.tokens}
@@ -105,20 +114,20 @@ def test_every_item_gets_one_line_and_failures_are_recorded(full_run, generator,
     sampled = generator.generate("ab", method="draft", temperature=1.0, top_p=0.9, num_samples=2, seed=3,
                                  max_new_tokens=8)
     assert by_id["sampled"]["result"] == {"samples": sampled.samples}
-    assert (summary["ok"], summary["error"], summary["skipped"]) == (6, 3, 0)
+    assert (summary["ok"], summary["error"], summary["skipped"]) == (7, 2, 0)
     assert summary["tokens"] == sum(r["stats"]["committed"] for r in records if r["status"] == "ok")
     assert summary["mean_tau"] > 0 and summary["tokens_per_s"] > 0
 
 
-def test_resume_after_a_kill_loses_nothing_and_repeats_nothing(full_run, pair, image_pair, speech_paths, tmp_path,
-                                                               capsys):
+def test_resume_after_a_kill_loses_nothing_and_repeats_nothing(full_run, pair, image_pair, video_model, speech_paths,
+                                                               tmp_path, capsys):
     source, reference, _ = full_run
     out = tmp_path / "out.jsonl"
     lines = [json.dumps(r) for r in reference]
     # killed while writing the fourth line: three complete lines and part of the next one
     out.write_text("\n".join(lines[:3]) + "\n" + lines[3][: len(lines[3]) // 2])
     images = ["--image-model", image_pair[0], "--image-vq", image_pair[1], "--speech-model", speech_paths[0],
-              "--speech-draft", speech_paths[1], "--speech-codec", speech_paths[2]]
+              "--speech-draft", speech_paths[1], "--speech-codec", speech_paths[2], "--video-model", video_model]
     code, stdout, err = run_cli(["batch", "--input", str(source), "--output", str(out), "--model", pair[0],
                                  "--draft", pair[1], "--json", *images], capsys)
     assert code == 0, err
@@ -126,7 +135,7 @@ def test_resume_after_a_kill_loses_nothing_and_repeats_nothing(full_run, pair, i
     assert sorted(map(str, (r["id"] for r in records))) == sorted(str(item["id"]) for item in ITEMS)
     def strip(record):  # timings differ between runs, and images are written beside each run's output
         record = {k: v for k, v in record.items() if k != "stats"}
-        for media in ("image", "audio"):
+        for media in ("image", "audio", "video"):
             if media in record.get("result", {}):
                 record["result"] = {**record["result"], media: record["result"][media].rsplit("/", 1)[-1]}
         return record

@@ -25,10 +25,18 @@ def test_bench_image_measures_every_method_and_window(generator, tmp_path):
                        '{"id": "three", "category": "digit", "class": "digit 3"}\n')
     result = run_bench_image(prompts_path=prompts, methods=["mc-sjd", "sjd"], windows=(2, 4), generator=generator,
                              samples_out=tmp_path / "bench-image-x-samples.png")
-    result["environment"]["timestamp_utc"] = "x"
+    result["env"]["timestamp_utc"] = "x"
     rows = {(r["method"], r["window"]) for r in result["table"]}
     assert rows == {("ar", 1), ("mc-sjd", 2), ("mc-sjd", 4), ("sjd", 2), ("sjd", 4)}
     assert result["all_identical_to_ar"] and len(result["exactness"]) == 4
+    # the bench contract shared by every modality: methods -> stats with speedup_vs_ar, items, env
+    assert set(result["methods"]) == {"ar", "mc-sjd", "sjd"} and len(result["items"]) == 2 * 5
+    mc = result["methods"]["mc-sjd"]
+    assert mc["method"] == "mc-sjd" and mc["lossless"] is True and mc["window"] in (2, 4) and mc["identical_to_ar"]
+    for key in ("steps", "tau", "acceptance_rate", "per_position_acceptance", "wall_s", "tokens_per_s",
+                "predicted_speedup_measured", "speedup_vs_ar"):
+        assert key in mc, key
+    assert result["methods"]["ar"]["speedup_vs_ar"] == 1.0 and result["methods"]["ar"]["steps"] == 16
     assert set(result["categories"]) == {"glyph", "digit"} and result["categories"]["glyph"]["entropy"] > 0
     for row in result["table"]:
         assert row["steps"] <= 16 and row["predicted_speedup"] > 0

@@ -110,7 +110,8 @@ def test_bad_arguments_give_one_error_line_and_exit_2(argv, in_tmp, capsys):
     (["generate", "text", "--prompt", "hi", "--max-new-tokens", "0"], ["--max-new-tokens", ">= 1"]),
     (["generate", "text", "--prompt", "hi", "--top-p", "2"], ["--top-p", "(0, 1]"]),
     (["generate", "text", "--prompt", "hi", "--method", "bogus"], ["bogus", *method_names("text")]),
-    (["generate", "video", "--class", "1", "--out", "x.gif", "--method", "ar"], ["no video methods"]),
+    (["generate", "video", "--class", "1", "--out", "x.gif", "--method", "lantern"], ["lantern", "gumbel-sjd"]),
+    (["bench", "video", "--windows", "8,300"], ["--windows", "[2, 256]"]),
     (["generate", "image", "--prompt", "cat", "--out", "x.jpg"], [".png"]),
     (["bench", "text", "--methods", "ar,zzz"], ["zzz", "hf-prompt-lookup"]),
     (["batch", "--input", "bad.jsonl", "--output", "out.jsonl"], ["bad.jsonl", "line 3", "JSON"]),
@@ -127,19 +128,6 @@ def test_bad_threads_environment_is_an_error(value, in_tmp, monkeypatch, capsys)
     monkeypatch.setenv("SPECGEN_THREADS", value)
     line = assert_one_error_line(*run(["demo"], capsys))
     assert "SPECGEN_THREADS" in line
-
-
-NOT_YET = {
-    "generate video": ["generate", "video", "--class", "3", "--out", "x.gif", "--json"],
-    "bench video": ["bench", "video", "--json"],
-}
-
-
-@pytest.mark.parametrize("name", list(NOT_YET))
-def test_unbuilt_commands_validate_then_say_not_available(name, in_tmp, capsys):
-    line = assert_one_error_line(*run(NOT_YET[name], capsys))
-    assert line == f"error: 'specgen {name}' is not available in specgen 0.1.0 yet"
-    assert not (in_tmp / "out.jsonl").exists()
 
 
 @pytest.mark.parametrize("method", method_names("text"))

@@ -1,4 +1,5 @@
-"""`specgen generate image` and `specgen train image` end to end on tiny random models."""
+"""`specgen generate image|video`, `specgen bench video` and `specgen train image` end to end on tiny random
+models."""
 
 import json
 
@@ -12,6 +13,11 @@ from specgen.app.cli import main
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return save_tiny_image_model(tmp_path_factory.mktemp("image"), num_codes=16, grid=4)
+
+
+@pytest.fixture(scope="module")
+def tiny_video(tmp_path_factory):
+    return save_tiny_image_model(tmp_path_factory.mktemp("video"), num_codes=16, grid=4, frames=3)
 
 
 def run(argv, capsys):
@@ -57,3 +63,49 @@ def test_missing_model_is_a_clear_error(tmp_path, capsys):
     code, _, err = run(["generate", "image", "--prompt", "K", "--model", str(tmp_path / "none"),
                         "--out", str(tmp_path / "x.png")], capsys)
     assert code == 2 and "no image token model" in err
+
+
+def test_generate_video_writes_a_gif(tiny_video, tmp_path, capsys):
+    model, vq = tiny_video
+    out = tmp_path / "v.gif"
+    code, stdout, _ = run(["generate", "video", "--prompt", "red K moving right", "--model", str(model), "--vq",
+                           str(vq), "--window", "40", "--num-samples", "2", "--fps", "8", "--out", str(out),
+                           "--json"], capsys)
+    assert code == 0
+    result = json.loads(stdout)
+    assert len(result["tokens"]) == 2 and all(len(t) == 48 for t in result["tokens"])
+    assert result["stats"]["method"] == "mc-sjd" and result["stats"]["committed"] == 96
+    gif = Image.open(out)
+    assert gif.n_frames == 3 and gif.info["duration"] in (120, 130)  # GIF delays are in 10 ms units
+    assert gif.size == (16 * 4, 2 * 16 * 4)  # both samples in every frame, enlarged 4x
+
+
+def test_image_and_video_models_are_not_interchangeable(tiny, tiny_video, tmp_path, capsys):
+    code, _, err = run(["generate", "video", "--class", "K", "--model", str(tiny[0]), "--vq", str(tiny[1]),
+                        "--out", str(tmp_path / "v.gif")], capsys)
+    assert code == 2 and "an image model" in err and "generate image" in err
+    code, _, err = run(["bench", "image", "--model", str(tiny_video[0]), "--json"], capsys)
+    assert code == 2 and "a video model" in err and "bench video" in err
+
+
+def test_mp4_needs_ffmpeg(tiny_video, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    model, vq = tiny_video
+    code, _, err = run(["generate", "video", "--class", "K", "--model", str(model), "--vq", str(vq), "--method", "ar",
+                        "--out", str(tmp_path / "v.mp4")], capsys)
+    assert code == 2 and "ffmpeg" in err and ".gif" in err
+
+
+def test_bench_video_writes_its_report(tiny_video, tmp_path, capsys):
+    model, vq = tiny_video
+    prompts = tmp_path / "video.jsonl"
+    prompts.write_text('{"id": "k", "category": "glyph", "prompt": "red K moving right"}\n')
+    code, stdout, _ = run(["bench", "video", "--model", str(model), "--prompts", str(prompts), "--methods",
+                           "mc-sjd", "--windows", "8,48", "--out-dir", str(tmp_path), "--json"], capsys)
+    assert code == 0
+    result = json.loads(stdout)
+    assert result["modality"] == "video" and result["frames"] == 3 and result["tokens_per_image"] == 48
+    assert {(r["method"], r["window"]) for r in result["table"]} == {("ar", 1), ("mc-sjd", 8), ("mc-sjd", 48)}
+    assert result["all_identical_to_ar"]
+    assert "# specgen bench video" in (tmp_path / "video-latest.md").read_text()
+    assert (tmp_path / "video-latest-samples.png").exists()

@@ -40,6 +40,13 @@ def image_generator(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def video_generator(tmp_path_factory):
+    from specgen.modalities.image.generator import ImageGenerator
+
+    return ImageGenerator(*save_tiny_image_model(tmp_path_factory.mktemp("video"), num_codes=16, grid=4, frames=3))
+
+
+@pytest.fixture(scope="module")
 def speech_generator(tmp_path_factory):
     from specgen.modalities.speech.generator import SpeechGenerator
 
@@ -47,8 +54,9 @@ def speech_generator(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def app(generator, image_generator, speech_generator):
-    yield from serve(build_demo(generator, image_generator=image_generator, speech_generator=speech_generator))
+def app(generator, image_generator, speech_generator, video_generator):
+    yield from serve(build_demo(generator, image_generator=image_generator, speech_generator=speech_generator,
+                                video_generator=video_generator))
 
 
 @pytest.fixture(scope="module")
@@ -134,9 +142,22 @@ def test_speech_tab_reports_stats_and_returns_audio(client, speech_generator):
         client.predict(text="  ", method="sd", api_name="/generate_speech")
 
 
-def test_the_video_tab_says_not_available(client):
-    output, message = client.predict(prompt="3", method="ar", api_name="/generate_video")
-    assert output is None and "not available in this version" in message
+def test_video_tab_streams_frames_then_shows_a_gif(client, video_generator):
+    job = client.submit(prompt="red K moving right", method="gumbel-sjd", window=40, temperature=0, compare=True,
+                        api_name="/generate_video")
+    video, stats_md, plot, stats = job.result(timeout=60)
+    updates = job.outputs()
+    from PIL import Image
+
+    live = Image.open(updates[0][0])
+    assert live.size == (2 * (3 * 16 + 2 * 2), 32)  # three 16-pixel frames, 2-pixel gutters, shown 2x larger
+    gif = Image.open(video)
+    assert gif.format == "GIF" and gif.n_frames == 3
+    alone = video_generator.generate("red K moving right", method="ar", temperature=0)
+    assert stats["committed"] == 48 == alone.stats["committed"] and stats["identical_to_ar"] is True
+    assert stats["steps"] < alone.stats["steps"] and "τ" in stats_md
+    with pytest.raises(Exception, match="not in the list of choices"):
+        client.predict(prompt="red K", method="lantern", api_name="/generate_video")
 
 
 @pytest.mark.parametrize("kwargs, words", [

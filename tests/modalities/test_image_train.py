@@ -91,3 +91,32 @@ def test_reference_sampler_gives_image_codes(trained_vq, tmp_path):
     g.manual_seed(0)
     again = sample_codes(model, vocab, ["K", "photo of cat"], top_k=20, guidance=2.0, generator=g)
     assert torch.equal(codes, again)
+
+
+def test_video_model_starts_from_an_image_model_then_resumes(trained_vq, tmp_path):
+    from specgen.modalities.image.conditions import video_vocab
+    from specgen.modalities.image.models import build_image_lm
+    from specgen.modalities.image.train import start_from
+
+    image = tmp_path / "image"
+    assert main(["--role", "target", "--steps", "1", "--run-dir", str(tmp_path / "image-run"), "--vq",
+                 str(trained_vq / "out"), "--out", str(image), *LM_TINY]) == 0
+    run, out = tmp_path / "run", tmp_path / "out"
+    common = ["--role", "video", "--run-dir", str(run), "--vq", str(trained_vq / "out"), "--init-from", str(image),
+              "--batch-size", "1", "--eval-images", "1", "--num-images", "3", "--eval-every", "1"]
+    assert main([*common, "--steps", "1"]) == 0
+    assert main([*common, "--steps", "2", "--out", str(out)]) == 0
+    summary = json.loads((out / "training.json").read_text())
+    assert summary["steps"] == 2 and summary["resumed_from_steps"] == [1] and "--init-from" in summary["command"]
+    vocab = load_image_vocab(out)
+    assert vocab.frames == 8 and vocab.image_tokens == 8 * 256 and vocab.prefix_length == 6
+    # the copy: every image-model weight lands in the same place; the motion words keep their fresh rows
+    source, fresh = load_image_lm(image), build_image_lm("video", video_vocab())
+    start_from(fresh, image)
+    image_vocab = load_image_vocab(image)
+    embed = fresh.model.embed_tokens.weight
+    assert torch.equal(embed[:image_vocab.vocab_size], source.model.embed_tokens.weight.float())
+    assert torch.equal(fresh.model.layers[1].mlp.up_proj.weight, source.model.layers[1].mlp.up_proj.weight.float())
+    assert embed.shape[0] == image_vocab.vocab_size + 5
+    with pytest.raises(InvalidRequest, match="cannot start from"):
+        start_from(build_image_lm("draft", video_vocab()), image)

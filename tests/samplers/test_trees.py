@@ -2,7 +2,6 @@
 DySpec, EAGLE-2): exact enumeration on TableLMs to 1e-9, chi-square through the loop, and negative controls that
 must fail the same tests."""
 
-import itertools
 import random
 
 import pytest

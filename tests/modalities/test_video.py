@@ -1,0 +1,114 @@
+"""Video on tiny random models: a video is its frames' codes in one sequence, decoded by plain, SJD and both
+coupled Jacobi decoders with windows longer than a frame; greedy Jacobi equals greedy decoding token for token,
+sampling matches the exact guided target, and the frames come out as a GIF."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from tiny_models import save_tiny_image_model
+
+from specgen.errors import InvalidRequest
+from specgen.modalities.image import video_data
+from specgen.modalities.image.conditions import video_vocab
+from specgen.modalities.image.generator import CodesOnly, ImageGenerator
+from specgen.modalities.image.video import filmstrip, save_video
+from specgen.samplers.chisquare import goodness_of_fit
+from specgen.samplers.oracle import target_joint
+from specgen.samplers.processing import Processing
+
+
+@pytest.fixture(scope="module")
+def video4(tmp_path_factory):
+    """4 frames of 4x4 codes: 64 tokens a video."""
+    return save_tiny_image_model(tmp_path_factory.mktemp("video4"), num_codes=16, grid=4, frames=4)
+
+
+@pytest.fixture(scope="module")
+def video_tiny(tmp_path_factory):
+    """3 frames of one code out of 4: 64 possible videos, few enough to enumerate."""
+    return save_tiny_image_model(tmp_path_factory.mktemp("video1"), num_codes=4, grid=1, frames=3, seed=2)
+
+
+@pytest.mark.parametrize("method,window", [("sjd", 16), ("mc-sjd", 128), ("gumbel-sjd", 40)])
+def test_greedy_jacobi_on_video_equals_greedy_decoding(video4, method, window):
+    model, vq = video4
+    generator = ImageGenerator(model, vq)
+    assert generator.modality == "video" and generator.vocab.image_tokens == 64
+    plain = generator.generate("red K moving right", method="ar", temperature=0, num_samples=2)
+    jacobi = generator.generate("red K moving right", method=method, temperature=0, num_samples=2, window=window)
+    assert jacobi.tokens == plain.tokens
+    assert jacobi.stats["steps"] < plain.stats["steps"] == 64
+    frames = jacobi.image
+    assert len(frames) == 4 and all(f.size == (16, 16) for f in frames)
+    assert len(jacobi.images) == 2
+
+
+class GuidedTransformers:
+    """The guided logits of a transformers model, as `target_joint` wants them (float64 forward passes)."""
+
+    def __init__(self, model, vocab, prompt, scale):
+        self.model, self.vocab, self.scale = model, vocab, scale
+        self.prompt, self.uncond = vocab.prompt_ids(prompt).tolist(), vocab.uncond_ids().tolist()
+
+    def forward(self, ids):
+        with torch.no_grad():
+            return self.model(input_ids=torch.tensor([ids])).logits[0, -1].double()
+
+    def logits(self, context):
+        generated = list(context)[len(self.prompt):]
+        cond, uncond = self.forward(list(context)), self.forward(self.uncond + generated)
+        return uncond + self.scale * (cond - uncond)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["mc-sjd", "gumbel-sjd"])
+def test_video_sampling_matches_the_guided_target(video_tiny, method):
+    model, vq = video_tiny
+    generator = ImageGenerator(model, vq, dtype=torch.float64)
+    prompt, scale = "blue K moving right", 2.0
+    oracle = GuidedTransformers(generator.model, generator.vocab, prompt, scale)
+    expected = target_joint(oracle, Processing(top_k=3, hooks=(CodesOnly(4),)), oracle.prompt, 3)
+    result = generator.generate(prompt, method=method, top_k=3, guidance_scale=scale, num_samples=3000, seed=7,
+                                window=128)  # the window is longer than the whole video
+    fit = goodness_of_fit([tuple(t) for t in result.tokens], expected)
+    assert fit.p_value > 1e-4, fit
+
+
+def test_a_video_model_is_not_an_image_model(video4):
+    model, vq = video4
+    generator = ImageGenerator(model, vq)
+    with pytest.raises(InvalidRequest, match="unknown video method"):
+        generator.generate("red K", method="lantern")
+    with pytest.raises(InvalidRequest, match="needs 64 codes"):
+        generator.decode([[0] * 16])
+
+
+def test_gif_and_filmstrip(tmp_path):
+    frames = [Image.new("RGB", (8, 8), (10 * k, 0, 0)) for k in range(5)]
+    path = save_video(frames, tmp_path / "v.gif", fps=5, scale=2)
+    gif = Image.open(path)
+    assert gif.n_frames == 5 and gif.size == (16, 16) and gif.info["duration"] == 200
+    assert filmstrip(frames, columns=2, gap=1).size == (17, 26)
+    with pytest.raises(InvalidRequest, match="gif"):
+        save_video(frames, tmp_path / "v.avi")
+    with pytest.raises(InvalidRequest, match="at least one frame"):
+        save_video([], tmp_path / "v.gif")
+
+
+def test_clips_move_one_token_a_frame():
+    clip, cls, prompt = video_data.clip_item(3)
+    assert clip.shape == (video_data.FRAMES, 64, 64, 3) and clip.dtype == np.uint8
+    words = prompt.split()
+    assert cls == f"{words[1]} moving {words[3]}" and words[2] == "moving" and words[3] in video_data.MOTIONS
+    dx, dy = video_data.MOTIONS[words[3]]
+    shifted = np.roll(clip[0].astype(int), (dy * video_data.STEP_PX, dx * video_data.STEP_PX), axis=(0, 1))
+    assert np.array_equal(shifted[8:-8, 8:-8], clip[1][8:-8, 8:-8].astype(int))  # the glyph moved, nothing else
+    assert not np.array_equal(clip[0], clip[1])
+    again, _, _ = video_data.clip_item(3)
+    assert np.array_equal(clip, again)  # a pure function of (seed, split, index)
+    vocab = video_vocab()
+    assert vocab.frames == video_data.FRAMES and vocab.image_tokens == video_data.FRAMES * 256
+    assert len(vocab.condition_ids(prompt)) == 6 and vocab.condition_ids("red K on blue")
+    with pytest.raises(InvalidRequest, match="motion"):
+        video_data.render_clip("K", "red", "blue", "sideways")
