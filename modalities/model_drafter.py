@@ -49,6 +49,9 @@ class ModelDrafter:
             self.to_draft[self.vocab_ids] = torch.arange(len(self.vocab_ids))
         self.cached: list[list[int]] = []  # per batch row: the target ids whose KV the draft holds
         self.forward_calls = 0
+        # [rows, drafted] max of the draft's temperature-1 law at each drafted slot of the last proposal, known
+        # before the slot's token is drawn (TETRIS ranks slots by it; at temperature 0 the drafted law is one-hot)
+        self.confidence: torch.Tensor | None = None
 
     def _draft_ids(self, tokens: torch.Tensor) -> torch.Tensor:
         return tokens if self.to_draft is None else self.to_draft[tokens]
@@ -71,7 +74,7 @@ class ModelDrafter:
         valid = torch.arange(tokens.shape[1]) < counts[:, None]
         self.engine.commit(valid, rows)
         last = logits[torch.arange(len(rows)), counts - 1]  # [rows, vocab]
-        drafted, laws = [], []
+        drafted, laws, confidence = [], [], []
         num_drafted = torch.full((len(rows),), budget, dtype=torch.long)
         stopped = torch.zeros(len(rows), dtype=torch.bool)
         previous = None
@@ -86,6 +89,7 @@ class ModelDrafter:
                         break
                 previous = plain
             law = self._law(last)
+            confidence.append(self._plain_law(last).max(-1).values)
             if self.processing.greedy:
                 index = law.argmax(-1)
             else:
@@ -103,6 +107,7 @@ class ModelDrafter:
         for i, row in enumerate(rows.tolist()):
             self.cached[row] = ctx.tokens[i].tolist() + [int(t[i]) for t in scored]
         ragged = None if self.stop_policy is None else num_drafted.clamp(max=len(drafted))
+        self.confidence = torch.stack(confidence, 1)
         return Draft(torch.stack(drafted, 1), torch.stack(laws, 1), num_drafted=ragged, vocab_ids=self.vocab_ids)
 
     def _plain_law(self, logits: torch.Tensor) -> torch.Tensor:

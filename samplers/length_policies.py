@@ -158,7 +158,9 @@ class TetrisDrafter:
     """Wraps a chain drafter: every row drafts up to the loop's budget, then TETRIS keeps, across the active rows,
     the `capacity` drafted tokens with the largest cumulative acceptance estimates; rows become ragged.
 
-    The estimate at slot j is the draft's confidence there, max_x q_j(x), known before x_j is drawn. Using the
+    The estimate at slot j is the draft's confidence there, max_x q_j(x) of its temperature-1 law (the drafter's
+    `confidence` when it reports one: at temperature 0 the drafted law is one-hot and every slot would tie), known
+    before x_j is drawn. Using the
     drafted token's own probability q_j(x_j) (estimate="drafted_token", the paper's proxy) lets a token's draw
     decide whether it is verified, which biases the output (a negative control in the tests); with the confidence
     the cut depends only on what was drawn before each token, and verification stays exact."""
@@ -176,8 +178,10 @@ class TetrisDrafter:
         draft = self.inner.propose(ctx, budget)
         if draft.length == 0 or draft.draft_probs is None:
             return draft
-        if self.estimate == "confidence":
-            estimates = draft.draft_probs.max(-1).values
+        if self.estimate == "confidence":  # the drafter's temperature-1 confidence where it reports one
+            reported = getattr(self.inner, "confidence", None)
+            usable = reported is not None and reported.shape == draft.tokens.shape
+            estimates = reported if usable else draft.draft_probs.max(-1).values
         else:
             index = draft.tokens if draft.vocab_ids is None else _draft_index(draft)
             estimates = draft.draft_probs.gather(-1, index[..., None]).squeeze(-1)

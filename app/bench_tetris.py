@@ -1,0 +1,181 @@
+"""TETRIS against fixed-length drafting for a batch of different requests, under the same verification budget.
+
+    python -m specgen.app.bench_tetris [--batch-size 8] [--capacity 16] [--max-draft 6] [--max-new-tokens 96]
+
+One batch of `--batch-size` text prompts (from benchmarks/prompts/text.jsonl, cycled) is decoded to the same
+number of new tokens by: plain decoding (`ar`); a draft-model chain of fixed length γ = capacity / batch per row
+(`fixed`: the budget spread evenly); and TETRIS (`tetris`: every row drafts up to `--max-draft`, then the batch
+keeps the `capacity` drafted tokens with the largest cumulative acceptance estimates, so confident rows verify
+long drafts and unsure rows short ones). Both speculative runs verify at most `capacity` drafted tokens per step.
+Reported per run: throughput (committed tokens per second over the whole batch), steps, drafted and accepted
+tokens, and, at temperature 0, whether every row equals plain greedy decoding. Written to
+benchmarks/tetris-{static,steady}-<timestamp>.{json,md} and tetris-{static,steady}-latest.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from specgen.errors import InvalidRequest
+
+
+def _decode(generator, prompts, drafter, policy, *, max_new_tokens: int, temperature: float, seed: int,
+            steps: int = 0) -> dict:
+    """One batch, every row to max_new_tokens (stop tokens ignored so every run does the same work); with
+    `steps` > 0, only that many verification steps (rows never run out: a server that always has work)."""
+    from specgen.modalities.transformers_adapter import TransformersTarget
+    from specgen.samplers.acceptance import make_rule
+    from specgen.samplers.loop import speculative_generate
+    from specgen.samplers.processing import Processing
+    from specgen.samplers.stats import SpecStats
+
+    processing = Processing(temperature=temperature)
+    prompt_ids = [generator.encode(p) for p in prompts]
+    capacity = max(len(p) for p in prompt_ids) + max_new_tokens + 64
+    stats = SpecStats()
+    tokens: list[list[int]] = [[] for _ in prompts]
+    started = time.perf_counter()
+    for event in speculative_generate(TransformersTarget(generator.model, capacity), drafter,
+                                      make_rule("chain", processing), prompt_ids, processing=processing,
+                                      max_new_tokens=max_new_tokens, policy=policy, seed=seed, stats=stats):
+        if steps and event.step >= steps:
+            break
+        tokens[event.row].extend(event.tokens)
+    wall_s = time.perf_counter() - started
+    summary = stats.summary(method="tetris", lossless=True, wall_s=wall_s)
+    committed = sum(len(t) for t in tokens)
+    return {"tokens": tokens, "wall_s": wall_s, "tokens_per_s": committed / wall_s, "steps": summary["steps"],
+            "drafted": summary["drafted"], "accepted": summary["accepted"], "tau": summary["tau"]}
+
+
+def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_size: int = 8, capacity: int = 16,
+                     max_draft: int = 6, max_new_tokens: int = 96, temperature: float = 0.0, repeats: int = 3,
+                     seed: int = 0, steps: int = 0) -> dict:
+    from tqdm import tqdm
+
+    from specgen.app.bench_text import _cpu_model, _load, benchmarks_dir, load_prompts, source_state
+    from specgen.modalities.model_drafter import ModelDrafter
+    from specgen.modalities.text.generator import TextGenerator
+    from specgen.samplers.length_policies import TetrisDrafter
+    from specgen.samplers.policies import FixedLength
+    from specgen.samplers.processing import Processing
+
+    if batch_size < 2 or capacity < batch_size or max_draft < 1:
+        raise InvalidRequest("TETRIS needs batch_size >= 2, capacity >= batch_size and max_draft >= 1")
+    if capacity % batch_size:
+        raise InvalidRequest(f"capacity {capacity} must be a multiple of the batch size {batch_size}, so that the "
+                             "fixed-length baseline spends the same budget")
+    generator = generator or TextGenerator()
+    prompts_path = prompts_path or benchmarks_dir() / "prompts" / "text.jsonl"
+    texts = [p.prompt for p in load_prompts(prompts_path)]
+    batch = [texts[i % len(texts)] for i in range(batch_size)]
+    vocab = generator.model.config.vocab_size
+
+    def model_drafter():
+        return ModelDrafter(generator.draft_model, Processing(temperature=temperature), target_vocab_size=vocab)
+
+    gamma = capacity // batch_size
+    configs = {
+        "ar": lambda: (None, FixedLength(0)),
+        f"fixed (γ = {gamma})": lambda: (model_drafter(), FixedLength(gamma)),
+        f"tetris (≤ {max_draft})": lambda: (TetrisDrafter(model_drafter(), capacity), FixedLength(max_draft)),
+    }
+    load_before = _load()
+    runs: dict[str, list[dict]] = {name: [] for name in configs}
+    if steps:  # room for every row to commit max_draft + 1 tokens a step
+        max_new_tokens = steps * (max_draft + 1)
+    options = dict(max_new_tokens=max_new_tokens, temperature=temperature, steps=steps)
+    _decode(generator, batch, *configs["ar"](), **options, seed=seed)  # warm-up
+    with tqdm(total=repeats * len(configs), desc="bench tetris", unit="run", file=sys.stderr) as progress:
+        for repeat in range(repeats):  # interleaved, so load drifts hit every config alike
+            for name, make in configs.items():
+                runs[name].append(_decode(generator, batch, *make(), **options, seed=seed + repeat))
+                progress.update(1)
+    reference = runs["ar"][0]["tokens"]
+    table = {}
+    for name, items in runs.items():
+        table[name] = {key: statistics.median(r[key] for r in items)
+                       for key in ("tokens_per_s", "wall_s", "steps", "drafted", "accepted", "tau")}
+        if temperature == 0:  # within a step horizon, rows stop at different lengths: compare the common prefix
+            table[name]["identical_to_ar"] = all(_agree(r["tokens"], reference) for r in items)
+    ar_tps = table["ar"]["tokens_per_s"]
+    for row in table.values():
+        row["throughput_vs_ar"] = row["tokens_per_s"] / ar_tps
+    fixed, tetris = (table[n] for n in list(configs)[1:])
+    return {"table": table, "tetris_over_fixed": tetris["tokens_per_s"] / fixed["tokens_per_s"],
+            "env": {"timestamp_utc": datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"), **source_state(),
+                    "batch_size": batch_size, "capacity": capacity, "steps": steps, "max_draft": max_draft, "gamma": gamma,
+                    "max_new_tokens": max_new_tokens, "temperature": temperature, "repeats": repeats,
+                    "prompts": str(prompts_path), "model": str(generator.model_path),
+                    "draft": str(generator.draft_path), "threads": __import__("torch").get_num_threads(),
+                    "cpu_model": _cpu_model(), "load_before": load_before, "load_after": _load()}}
+
+
+def _agree(rows: list[list[int]], reference: list[list[int]]) -> bool:
+    return all(a[:min(len(a), len(b))] == b[:min(len(a), len(b))] for a, b in zip(rows, reference))
+
+
+def render_markdown(result: dict) -> str:
+    env = result["env"]
+    lines = ["# TETRIS vs fixed-length drafting", "",
+             f"{env['timestamp_utc']} · commit {(env.get('git_commit') or '?')[:12]} · {env['cpu_model']} · "
+             f"{env['threads']} thread(s) · load {env['load_before']} → {env['load_after']}", "",
+             (f"Batch of {env['batch_size']} different prompts run for {env['steps']} verification steps (rows never "
+              "finish: the steady state of a server that always has requests)" if env.get("steps") else
+              f"Batch of {env['batch_size']} different prompts, {env['max_new_tokens']} new tokens each (static "
+              "batch: the slowest row sets the number of steps)") + ", temperature "
+             f"{env['temperature']}, at most {env['capacity']} drafted tokens verified per step "
+             f"(fixed: γ = {env['gamma']} per row; TETRIS: up to {env['max_draft']} per row, best {env['capacity']} "
+             f"kept); median of {env['repeats']} interleaved repeats.", "",
+             "| run | tokens/s | vs ar | steps | drafted | accepted | identical to ar |", "|---|---|---|---|---|---|---|"]
+    for name, row in result["table"].items():
+        same = row.get("identical_to_ar")
+        lines.append(f"| {name} | {row['tokens_per_s']:.1f} | {row['throughput_vs_ar']:.2f}× | {row['steps']:.0f} | "
+                     f"{row['drafted']:.0f} | {row['accepted']:.0f} | {'—' if same is None else same} |")
+    lines += ["", f"TETRIS / fixed throughput: **{result['tetris_over_fixed']:.2f}×**", "",
+              f"Command: `{env.get('command', 'python -m specgen.app.bench_tetris')}`", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from specgen.app.bench_text import benchmarks_dir
+
+    p = argparse.ArgumentParser(prog="python -m specgen.app.bench_tetris", description=__doc__.splitlines()[0])
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--capacity", type=int, default=16, help="drafted tokens verified per step for the whole batch")
+    p.add_argument("--max-draft", type=int, default=6, help="TETRIS: most tokens drafted per row")
+    p.add_argument("--max-new-tokens", type=int, default=96, help="static batch (--steps 0): tokens per row")
+    p.add_argument("--steps", type=int, default=0,
+                   help="run this many verification steps instead, rows never finishing (default: 0, off)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out-dir", type=Path, default=None)
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    result = run_bench_tetris(batch_size=a.batch_size, capacity=a.capacity, max_draft=a.max_draft,
+                              max_new_tokens=a.max_new_tokens, temperature=a.temperature, repeats=a.repeats,
+                              steps=a.steps)
+    result["env"]["command"] = "python -m specgen.app.bench_tetris " + " ".join(argv if argv is not None
+                                                                                else sys.argv[1:])
+    out = a.out_dir or benchmarks_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = result["env"]["timestamp_utc"]
+    kind = "steady" if a.steps else "static"
+    for name in (f"tetris-{kind}-{stamp}", f"tetris-{kind}-latest"):
+        (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+        (out / f"{name}.md").write_text(render_markdown(result))
+    print(render_markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
