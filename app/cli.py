@@ -238,7 +238,13 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--top-k", type=_int_at_least(0), default=None, metavar="K",
                            help="keep the K most likely tokens, 0 = all (default: the model's recipe, 50)")
             p.add_argument("--num-draft-tokens", type=_int_at_least(1, 64), default=None, metavar="K",
-                           help="tokens drafted per step by sd (default: the method's)")
+                           help="tokens drafted per step by sd, ssd and pcg (default: the method's)")
+            p.add_argument("--theta", type=_finite_float, default=None, metavar="T",
+                           help="pcg: cosine threshold of the token groups, in [0, 1]; 1 = singletons = sd "
+                                "(default: the method's)")
+            p.add_argument("--beta", type=_finite_float, default=None, metavar="B",
+                           help="ssd: tolerance added to every acceptance probability, in [0, 1] (default: the "
+                                "method's)")
         if modality != "text":
             suffixes = {"image": (".png",), "video": (".gif", ".mp4"), "speech": (".wav",)}[modality]
             p.add_argument("--out", required=True, type=_output_path(*suffixes), metavar=f"FILE{suffixes[0]}",

@@ -9,11 +9,33 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-DEFAULT_METHODS = ("ar", "sd")
+DEFAULT_METHODS = ("ar", "sd", "ssd", "pcg")
 
 
 def _check_voice_and_text(generator, text: str, voice: str) -> None:
     generator.vocab.prompt_ids(text, voice)
+
+
+KNOB_FLAGS = {"num_draft_tokens": "--num-draft-tokens", "theta": "--theta", "beta": "--beta"}
+
+
+def _method_knobs(spec, args) -> dict:
+    """The method knobs given as flags, checked against the method (a flag it does not take is an error)."""
+    from specgen.errors import InvalidRequest
+
+    knobs = {name: getattr(args, name) for name in KNOB_FLAGS if getattr(args, name, None) is not None}
+    own = {knob.name for knob in spec.knobs}
+    for name in knobs:
+        if name not in own:
+            raise InvalidRequest(f"{KNOB_FLAGS[name]} applies to {', '.join(_methods_with(name))}, not {spec.name!r}")
+    spec.resolve_knobs(knobs)
+    return knobs
+
+
+def _methods_with(knob: str) -> list[str]:
+    from specgen.samplers.registry import get_method, method_names
+
+    return [m for m in method_names("speech") if any(k.name == knob for k in get_method("speech", m).knobs)]
 
 
 def generate_speech(args) -> int:
@@ -26,42 +48,50 @@ def generate_speech(args) -> int:
     from specgen.samplers.stats import SpecStats
 
     method = args.method or "sd"
+    spec = get_method("speech", method)
+    knobs = _method_knobs(spec, args)  # before any model loads: a bad knob is a quick one-line error
     generator = SpeechGenerator(model=args.model, draft=args.draft, codec=args.codec, threads=args.threads)
     voice = args.voice or DEFAULT_VOICE
-    knobs = {} if args.num_draft_tokens is None else {"num_draft_tokens": args.num_draft_tokens}
-    spec = get_method("speech", method)
-    if knobs and spec.drafter is None:
-        from specgen.errors import InvalidRequest
-
-        raise InvalidRequest(f"--num-draft-tokens applies to methods with a draft, not {method!r}")
     # check the whole request before the progress bar starts, so an error stays one line
     _check_voice_and_text(generator, args.text, voice)
     limit = generator.max_new_tokens_for(args.text, voice, args.max_new_tokens)
-    generator.processing(temperature=args.temperature, top_k=args.top_k)
-    spec.resolve_knobs(knobs)
+    processing = generator.processing(temperature=args.temperature, top_k=args.top_k)
     if spec.drafter is not None:
         generator.draft_model  # noqa: B018 - load (and check) the draft before decoding starts
-    stats, tokens = SpecStats(), []
+    generator.rule(method, processing, spec.resolve_knobs(knobs))  # builds (or loads) pcg's groups up front
+    stats, tokens, groups = SpecStats(), [], []
     started = time.perf_counter()
     with tqdm(total=limit, desc=method, unit="tok", file=sys.stderr, disable=args.json) as progress:
         for event in generator.stream(args.text, method=method, voice=voice, max_new_tokens=args.max_new_tokens,
                                       temperature=args.temperature, top_k=args.top_k, seed=args.seed, stats=stats,
                                       **knobs):
             tokens.extend(event.tokens)
+            groups.extend(event.extra.get("groups", ()))  # pcg: the group of every committed token
             progress.update(len(event.tokens))
     wall_s = time.perf_counter() - started
     summary = stats.summary(method=method, lossless=spec.lossless, wall_s=wall_s,
                             ar_step_s=generator.measure_step_s(args.text, voice))
+    groups = [g for t, g in zip(tokens, groups) if t != generator.vocab.eos]
     tokens = [t for t in tokens if t != generator.vocab.eos]
     summary["audio_s"] = len(tokens) / generator.codec.cfg.frame_rate
     write_wav(args.out, generator.decode(tokens), generator.sample_rate)
     if args.json:
-        print(json.dumps({"out": str(args.out), "tokens": tokens, "stats": summary}))
+        print(json.dumps({"out": str(args.out), "tokens": tokens, **({"groups": groups} if groups else {}),
+                          "stats": summary}))
     else:
         print(str(args.out))
         print(f"[{method}] tau {summary['tau']:.2f}, {summary['steps']} steps for {len(tokens)} tokens "
-              f"({summary['audio_s']:.2f} s of audio), {wall_s:.1f} s", file=sys.stderr)
+              f"({summary['audio_s']:.2f} s of audio), {wall_s:.1f} s{_relaxed_note(summary)}", file=sys.stderr)
     return 0
+
+
+def _relaxed_note(summary: dict) -> str:
+    """For lossy rules: their alpha_hat next to that of exact token-level sampling on the same drafts."""
+    if "acceptance_level" not in summary or summary.get("alpha_hat") is None:
+        return ""
+    exact = summary.get("exact_alpha_hat")
+    return (f"; {summary['acceptance_level']}-level alpha_hat {summary['alpha_hat']:.2f}, exact sampling's "
+            f"{'—' if exact is None else f'{exact:.2f}'} on the same drafts")
 
 
 # ---- bench -------------------------------------------------------------------------------------------------------
@@ -170,6 +200,7 @@ def run_bench_speech(*, prompts_path: Path | None = None, methods: list[str] | N
             "predicted_speedup_measured": _median([s["predicted_speedup_measured"] for s in stats]),
             "predicted_speedup_ideal": _median([s["predicted_speedup_ideal"] for s in stats]),
             "identical_to_ar": all(greedy) if greedy else None,
+            **_pooled_exact(stats),
         }
     processing = generator.processing()
     env = {"timestamp_utc": datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"), **source_state(),
@@ -186,6 +217,15 @@ def _default_draft_tokens() -> int:
     from specgen.samplers.registry import get_method
 
     return next(k.default for k in get_method("speech", "sd").knobs if k.name == "num_draft_tokens")
+
+
+def _pooled_exact(stats: list[dict]) -> dict:
+    """Lossy rules (pcg, ssd): the acceptance level and exact token-level sampling's alpha_hat on the same drafts."""
+    if "acceptance_level" not in stats[0]:
+        return {}
+    accepted = sum(s["exact_accepted"] for s in stats)
+    tested = accepted + sum(s["exact_rejections"] for s in stats)
+    return {"acceptance_level": stats[0]["acceptance_level"], "exact_alpha_hat": accepted / tested if tested else None}
 
 
 def _median(values):
@@ -220,8 +260,11 @@ def render_markdown(result: dict) -> str:
         ci = m["speedup_vs_ar_ci95"]
         ci_text = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
         positions = ", ".join(_f(v) for v in m["per_position_acceptance"]) or "—"
-        same = {True: "yes", False: "NO", None: "—"}[m["identical_to_ar"]]
-        lines.append(f"| `{name}` | {'yes' if m['lossless'] else 'no'} | {_f(m['tau'])} | {_f(m['alpha_hat'])} | "
+        same = {True: "yes", False: "NO" if m["lossless"] else "no (lossy)", None: "—"}[m["identical_to_ar"]]
+        alpha = _f(m["alpha_hat"])
+        if "exact_alpha_hat" in m:  # a lossy rule: its alpha_hat, and exact sampling's on the same drafts
+            alpha += f" ({m['acceptance_level']}; exact {_f(m['exact_alpha_hat'])})"
+        lines.append(f"| `{name}` | {'yes' if m['lossless'] else 'no'} | {_f(m['tau'])} | {alpha} | "
                      f"{positions} | {m['steps']} | {_f(m['tokens_per_s'], 1)} | {_f(m['speedup_vs_ar'])}×{ci_text} | "
                      f"{_f(m['predicted_speedup_measured'])}× | {_f(m['predicted_speedup_ideal'])}× | {same} |")
     lines += ["", "Speedup = median over prompts of (ar wall time / method wall time) in the same round, methods in "

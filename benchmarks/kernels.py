@@ -5,6 +5,7 @@
 Shapes: batch 1-64, draft 4-16, vocab 32k-262k (chain rejection sampling; tree verification is checked for
 identical outputs on a small tree). Times come from CUDA events (median of 50 runs after warm-up)
 for the Triton kernel, the vectorised torch path, and a naive per-row Python loop over the torch path.
+`group_mass` runs at PCG and LANTERN++ shapes (GROUP_SHAPES).
 The Jacobi ops (coupled_resample, gumbel_argmax) run at image shapes (batch 8, window 64, a 16,384-code
 VQ vocabulary) and at text shapes (window 8, vocab 262k), on float64 laws as the Jacobi drafter keeps them,
 with the target a perturbation of the draft law so that most slots keep their draft.
@@ -22,8 +23,12 @@ import torch
 from specgen.kernels import reference, triton_ops
 
 SHAPES = [(1, 4, 32_000), (8, 8, 32_000), (64, 8, 32_000), (1, 16, 262_144), (8, 8, 262_144), (64, 8, 262_144)]
-OPS = ("rejection_sample", "coupled_resample", "gumbel_argmax")
+OPS = ("rejection_sample", "coupled_resample", "gumbel_argmax", "group_mass")
 JACOBI_SHAPES = [(8, 64, 16_384), (1, 8, 262_144), (8, 8, 262_144)]  # (batch, window, vocab)
+# (rows, listed groups per row, vocab, members per group): PCG's accept test (one owner group per drafted token),
+# its thinning rounds and explicit residual (W p over every group) on a 65k single-codebook vocabulary with
+# ~140-token groups, and LANTERN++'s neighbour mass over an image window
+GROUP_SHAPES = [(32, 1, 65_536, 140), (8, 16, 65_536, 140), (8, 65_536, 65_536, 140), (512, 1, 16_384, 100)]
 
 
 def make_case(batch, k, vocab, device):
@@ -49,6 +54,19 @@ def make_jacobi_case(batch, k, vocab, device):
     uniforms = torch.rand(2, batch, k, generator=g, device=device, dtype=torch.float64)
     exponential = -torch.log(torch.rand(batch, k, vocab, generator=g, device=device, dtype=torch.float64))
     return tokens, draft, target, uniforms[0], uniforms[1], exponential
+
+
+def make_group_case(rows, listed, vocab, members, device):
+    """(probs, group ids, indptr, member ids, weights, max members): `members` random tokens per group, PCG's
+    weights 1/|owners| approximated by uniform random weights (timing does not depend on their values)."""
+    g = torch.Generator(device=device).manual_seed(0)
+    probs = torch.rand(rows, vocab, generator=g, device=device).pow_(4)
+    probs /= probs.sum(-1, keepdim=True)
+    indptr = torch.arange(0, (vocab + 1) * members, members, device=device, dtype=torch.int32)
+    member_ids = torch.randint(0, vocab, (vocab * members,), generator=g, device=device, dtype=torch.int32)
+    weights = torch.rand(vocab * members, generator=g, device=device, dtype=torch.float64)
+    group_ids = torch.randint(0, vocab, (rows, listed), generator=g, device=device)
+    return probs, group_ids, indptr, member_ids, weights, members
 
 
 def timed(fn, repeats=50):
@@ -114,6 +132,18 @@ def main() -> None:
             print(f"{op:16s} {batch:3d} x {k:2d} x {vocab:7d}  identical={identical}  "
                   f"triton {row['triton_ms']:.3f} ms  torch {row['torch_ms']:.3f} ms  "
                   f"({row['speedup_vs_torch']:.2f}x){extra}")
+    for batch, listed, vocab, members in GROUP_SHAPES if "group_mass" in args.ops else ():
+        args_ = make_group_case(batch, listed, vocab, members, device)
+        expected, got = reference.group_mass(*args_), triton_ops.group_mass(*args_)
+        row = {"op": "group_mass", "batch": batch, "k": listed, "vocab": vocab, "members": members,
+               "identical": bool(torch.allclose(expected, got, rtol=1e-12, atol=1e-15)),
+               "triton_ms": timed(lambda: triton_ops.group_mass(*args_)),
+               "torch_ms": timed(lambda: reference.group_mass(*args_))}
+        row["speedup_vs_torch"] = row["torch_ms"] / row["triton_ms"]
+        rows.append(row)
+        print(f"group_mass       {batch:3d} x {listed:5d} x {vocab:7d} ({members} members)  "
+              f"identical={row['identical']}  triton {row['triton_ms']:.3f} ms  torch {row['torch_ms']:.3f} ms  "
+              f"({row['speedup_vs_torch']:.2f}x)")
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
     out = args.out or f"benchmarks/kernels-{torch.cuda.get_device_name().replace(' ', '_')}.json"
     with open(out, "w") as f:

@@ -16,9 +16,9 @@ from specgen.kernels import reference
 
 OPS = ("rejection_sample", "greedy_verify", "sample_categorical", "accept_probability", "residual_probs",
        "ancestor_mask", "sibling_step", "tree_children", "tree_rejection_sample", "coupled_resample",
-       "gumbel_argmax")
+       "gumbel_argmax", "group_mass")
 TRITON_OPS = ("rejection_sample", "greedy_verify", "ancestor_mask", "tree_rejection_sample", "coupled_resample",
-              "gumbel_argmax")
+              "gumbel_argmax", "group_mass")
 HAS_TRITON = find_spec("triton") is not None
 BACKENDS = ("auto", "torch", "triton")
 _backend = os.environ.get("SPECGEN_KERNELS", "auto")
@@ -76,4 +76,5 @@ tree_children = _op("tree_children")
 tree_rejection_sample = _op("tree_rejection_sample")
 coupled_resample = _op("coupled_resample")
 gumbel_argmax = _op("gumbel_argmax")
+group_mass = _op("group_mass")
 PLACEHOLDER = reference.PLACEHOLDER

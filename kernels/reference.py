@@ -253,3 +253,36 @@ def gumbel_argmax(target_probs: torch.Tensor, exponential: torch.Tensor) -> torc
     reuses the same noise [..., vocab] at a position in every Jacobi iteration (the Gumbel coupling).
     Zero-probability tokens are never chosen. Returns [...] int64."""
     return (target_probs.double() / exponential.double()).argmax(-1)
+
+
+def group_mass(
+    probs: torch.Tensor,  # [rows, vocab] a law per row
+    group_ids: torch.Tensor,  # [rows, m] int64: groups to weigh in each row; -1 = none (mass 0)
+    indptr: torch.Tensor,  # [groups + 1] int32/int64: members of group g are member_ids[indptr[g]:indptr[g + 1]]
+    member_ids: torch.Tensor,  # [entries] int32/int64 token ids
+    member_weights: torch.Tensor | None,  # [entries] weight of each member entry; None = all ones
+    max_members: int,  # the largest group size (a Python int, so no host sync is needed)
+) -> torch.Tensor:
+    """The mass sum_u w[g, u] * probs[row, u] of each listed group g, over CSR group tables, in float64.
+
+    PCG's coarse-grained laws P_c(g) = (W p)(g) use weights w[g, u] = 1 / |owners(u)|; without weights the
+    same op gives the cumulative mass of a neighbour list (LANTERN++). Each listed group is gathered padded
+    to `max_members` entries: the cost is rows * m * max_members, independent of the vocabulary.
+    Returns [rows, m] float64.
+    """
+    rows, m = group_ids.shape
+    if member_ids.numel() == 0:  # no group has a member
+        return torch.zeros(rows, m, dtype=torch.float64, device=probs.device)
+    listed = group_ids >= 0
+    group = group_ids.clamp(min=0).long()
+    indptr = indptr.long()
+    starts = indptr[group]  # [rows, m]
+    sizes = torch.where(listed, indptr[group + 1] - starts, 0)
+    slots = torch.arange(max(max_members, 1), device=probs.device)
+    inside = slots < sizes[..., None]  # [rows, m, max_members]
+    entries = (starts[..., None] + slots).clamp(max=member_ids.numel() - 1)
+    tokens = member_ids.long()[entries]  # [rows, m, max_members]
+    mass = probs.double().gather(1, tokens.reshape(rows, m * slots.numel())).reshape(tokens.shape)
+    if member_weights is not None:
+        mass = mass * member_weights.double()[entries]
+    return torch.where(inside, mass, 0.0).sum(-1)

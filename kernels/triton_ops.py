@@ -1,7 +1,8 @@
 """Triton kernels for verification ops, with the signatures of their torch twins in `kernels.reference`.
 
 One program per batch row walks the ragged layout (vLLM's rejection sampler is the model); the Jacobi ops
-(`coupled_resample`, `gumbel_argmax`) have no chain to walk and run one program per (row, slot). Randomness
+(`coupled_resample`, `gumbel_argmax`) have no chain to walk and run one program per (row, slot), and
+`group_mass` one program per (row, listed group), gathering that group's CSR members in blocks. Randomness
 comes in as data, so a kernel and the reference agree token for token. On a CPU the kernels run only under
 `TRITON_INTERPRET=1` (set before this module is imported); tests use that.
 
@@ -405,4 +406,44 @@ def gumbel_argmax(target_probs, exponential):
         _gumbel_kernel[(rows,)](target_probs.reshape(rows, vocab).contiguous(),
                                 exponential.reshape(rows, vocab).contiguous(), out,
                                 V=vocab, BLOCK_V=min(BLOCK, triton.next_power_of_2(vocab)))
+    return out
+
+
+@triton.jit
+def _group_mass_kernel(probs, group_ids, indptr, member_ids, member_weights, out, M, V,
+                       HAS_WEIGHTS: tl.constexpr, MAX_MEMBERS: tl.constexpr, BLOCK_G: tl.constexpr):
+    # one program per (row, listed group), flattened: probs [R, V]; group_ids [R*M] int64; out [R*M] float64
+    slot = tl.program_id(0).to(tl.int64)
+    row = slot // M
+    group = tl.load(group_ids + slot)
+    listed = group >= 0
+    at = tl.maximum(group, 0)
+    start = tl.load(indptr + at).to(tl.int64)
+    end = tl.where(listed, tl.load(indptr + at + 1).to(tl.int64), start)  # an unlisted group weighs nothing
+    total = tl.zeros((), dtype=tl.float64)
+    for offset in range(0, MAX_MEMBERS, BLOCK_G):  # a compile-time bound: the interpreter needs Python ints
+        entries = start + offset + tl.arange(0, BLOCK_G)
+        inside = entries < end
+        tokens = tl.load(member_ids + entries, mask=inside, other=0).to(tl.int64)
+        mass = tl.load(probs + row * V + tokens, mask=inside, other=0.0).to(tl.float64)
+        if HAS_WEIGHTS:
+            mass = mass * tl.load(member_weights + entries, mask=inside, other=0.0).to(tl.float64)
+        total += tl.sum(tl.where(inside, mass, 0.0), axis=0)
+    tl.store(out + slot, total)
+
+
+def group_mass(probs, group_ids, indptr, member_ids, member_weights, max_members):
+    """Triton twin of `reference.group_mass`."""
+    rows, m = group_ids.shape
+    out = torch.full((rows, m), float("nan"), dtype=torch.float64, device=probs.device)  # unwritten slots show
+    if rows * m == 0:
+        return out
+    if member_ids.numel() == 0:
+        return out.zero_()
+    has_weights = member_weights is not None
+    block = min(BLOCK, triton.next_power_of_2(max(max_members, 1)))
+    _group_mass_kernel[(rows * m,)](
+        probs.contiguous(), group_ids.long().contiguous(), indptr.contiguous(), member_ids.contiguous(),
+        member_weights.contiguous() if has_weights else probs, out, m, probs.shape[-1],
+        HAS_WEIGHTS=has_weights, MAX_MEMBERS=max(max_members, 1), BLOCK_G=block)
     return out

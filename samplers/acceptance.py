@@ -163,4 +163,13 @@ def make_rule(key: str, processing: Processing, **options):
         return GreedyMatch() if processing.greedy else ChainRejection()
     if key == "tree":
         return TreeRejection(options.get("siblings", "without_replacement"))
+    if key in ("group", "tolerance"):  # relaxed (lossy) rules; at temperature 0 they relax greedy matching too
+        from specgen.samplers.group_acceptance import GroupRejection, ToleranceRejection
+
+        if key == "tolerance":
+            return ToleranceRejection(options.get("beta", 0.1))
+        if options.get("groups") is None:
+            raise InvalidRequest("the group rule needs token groups (groups=TokenGroups)")
+        return GroupRejection(options["groups"], options.get("residual", "explicit"),
+                              options.get("thinning_rounds", 16))
     raise InvalidRequest(f"unknown acceptance rule {key!r}")

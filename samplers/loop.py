@@ -54,9 +54,11 @@ def speculative_generate(target: TargetModel, drafter: Drafter | None, rule: Acc
             context[row] = torch.cat([context[row], torch.tensor(tokens, dtype=torch.long)])
             generated[row] += len(tokens)
             committed_now += len(tokens)
+            # rules exact in groups tag each committed token with the group it was emitted in
+            extra = {} if verdict.groups is None else {"groups": verdict.groups[i, :len(tokens)].tolist()}
             yield StepEvent(step, row, int(sample_ids[row]), tuple(tokens), tuple(sources),
                             int(verdict.num_drafted[i]), int(verdict.num_accepted[i]),
-                            drafted - started, verified - drafted, finished)
+                            drafted - started, verified - drafted, finished, extra)
         stats.update(verdict, committed_now, drafted - started, verified - drafted, window)
         active = [r for r in active if generated[r] < max_new_tokens and not (stop and int(context[r][-1]) in stop)]
         step += 1
@@ -90,7 +92,9 @@ def verify_step(target: TargetModel, rule: AcceptanceRule, proposal: Draft | Dra
     scores = target.score(tokens, positions, ctx.rows, mask)
     cond, uncond = scores if isinstance(scores, tuple) else (scores, None)
     target_probs = processing(cond, positions + 1, uncond)  # slot i is the law of the token at position i + 1
-    verdict = rule(proposal, target_probs, AcceptanceNoise(*noise) if random else None)
+    if random:  # the token emitted at slot (or node) i lands at positions[:, i] + 1: more noise is keyed there
+        noise = AcceptanceNoise(*noise, seed=ctx.seed, sample_ids=ctx.sample_ids, positions=positions + 1)
+    verdict = rule(proposal, target_probs, noise)
     verdict = dataclasses.replace(verdict, target_probs=target_probs)
     if isinstance(proposal, DraftTree):
         kept = proposal.kept_slots(verdict.accepted_path)

@@ -29,6 +29,9 @@ class Purpose(IntEnum):
     JACOBI_DRAFT = 6  # Jacobi re-drafts of uncommitted slots (and the coupling's residual draws)
     JACOBI_COUPLE = 7  # the maximal coupling's keep-or-resample test
     JACOBI_GUMBEL = 8  # per-vocabulary Gumbel noise shared by every iteration at one position
+    GROUP_OWNER = 9  # PCG: the owner group a drafted (or bonus) token is tested (or tagged) in
+    GROUP_THIN = 10  # PCG: thinning rounds of the residual (lanes 3r, 3r+1, 3r+2: token, owner, keep of round r)
+    GROUP_MEMBER = 11  # PCG: the token drawn inside the residual group (explicit residual)
 
 
 def _mix32(x: np.ndarray) -> np.ndarray:

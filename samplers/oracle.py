@@ -251,3 +251,61 @@ def jacobi_output(lm, processing, prompt, horizon, *, window: int, coupling: str
         return memo[key]
 
     return dist(tuple(prompt), (), horizon)
+
+
+def exact_group_output(lm, processing, rule, proposals, prompt, horizon) -> dict[tuple, float]:
+    """Joint distribution of (tokens, groups) over the first `horizon` generated tokens under a rule that tags
+    each committed token with a group (`group_decision_probs`, e.g. PCG): keys are (tokens, groups) tuple pairs.
+    The groups never change what comes next (the model sees tokens), so recursion is on the token prefix."""
+    memo: dict = {}
+
+    def walks(accept, emit, drafted):
+        """(probability, accepted groups, law of (group, token) emitted at the stop) for every way to stop."""
+        partial = [(1.0, ())]  # ways to accept the first j drafts, with their groups
+        for j in range(drafted + 1):
+            if j == drafted:  # every drafted token accepted: the bonus slot
+                for prob, groups in partial:
+                    yield prob, groups, emit[j]
+                return
+            stop = 1.0 - float(accept[j].sum())
+            for prob, groups in partial:
+                yield prob * stop, groups, emit[j]
+            partial = [(prob * float(accept[j, g]), groups + (g,)) for prob, groups in partial
+                       for g in (accept[j] > 0).nonzero().flatten().tolist()]
+
+    def dist(prefix: tuple, need: int) -> dict[tuple, float]:
+        if need <= 0:
+            return {((), ()): 1.0}
+        if (prefix, need) in memo:
+            return memo[(prefix, need)]
+        out: dict[tuple, float] = defaultdict(float)
+        for proposal_prob, proposal in proposals(prefix):
+            decisions = rule.group_decision_probs(proposal, target_probs_for(proposal, lm, processing, prefix))
+            accept, emit = decisions.owner_accept[0], decisions.emit_joint[0]
+            draft = proposal.tokens[0].tolist()
+            for stop_prob, groups, law in walks(accept, emit, int(proposal.drafted()[0])):
+                if proposal_prob * stop_prob == 0:
+                    continue
+                for group, token in (law > 0).nonzero().tolist():
+                    tokens = tuple(draft[:len(groups)] + [token])[:need]
+                    tags = (groups + (group,))[:need]
+                    weight = proposal_prob * stop_prob * float(law[group, token])
+                    for (tail, tail_groups), tail_prob in dist(prefix + tokens, need - len(tokens)).items():
+                        out[(tokens + tail, tags + tail_groups)] += weight * tail_prob
+        memo[(prefix, need)] = dict(out)
+        return memo[(prefix, need)]
+
+    return dist(tuple(prompt), horizon)
+
+
+def group_marginals(joint: dict[tuple, float], horizon: int) -> dict[tuple, dict[int, float]]:
+    """From `exact_group_output`: for every token prefix of length h < horizon with positive probability, the law
+    of the group committed at position h given that prefix ({prefix: {group: probability}})."""
+    mass: dict[tuple, float] = defaultdict(float)
+    tagged: dict[tuple, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    for (tokens, groups), prob in joint.items():
+        for h in range(horizon):
+            mass[tokens[:h]] += prob
+            tagged[tokens[:h]][groups[h]] += prob
+    return {prefix: {g: p / mass[prefix] for g, p in laws.items()}
+            for prefix, laws in tagged.items() if mass[prefix] > 0}

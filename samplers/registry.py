@@ -188,13 +188,56 @@ for _modality, _sjd_window, _window in (("image", 8, 32), ("video", 16, 64)):
 
 
 # ---- speech -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ChoiceKnob(Knob):
+    """A string knob that takes one of a few names."""
+
+    choices: tuple[str, ...] = ()
+
+    def validate(self, value: object) -> object:
+        value = super().validate(value)
+        if value not in self.choices:
+            raise InvalidRequest(f"{self.name} must be one of {', '.join(self.choices)}, got {value!r}")
+        return value
+
+
+SPEECH_DRAFT_TOKENS = Knob("num_draft_tokens", int, 4, NUM_DRAFT_TOKENS.help, 1, 64)
+# Defaults for the shipped 1024-token codebook (docs/speech.md, "PCG and SSD"): theta 0.25 gives groups of 4.5
+# tokens on average (0.4 % of the codebook, 10 % singletons) whose log-mel centroids sit at 0.57 of the distance
+# between random tokens; beta 0.1 bounds each token's total variation from the target by 0.1.
+PCG_THETA = 0.25
+SSD_BETA = 0.1
 register(MethodSpec("ar", "speech", True, "plain autoregressive decoding of the speech token model (the baseline)",
                     drafter=None, rule="none"))
 register(MethodSpec("sd", "speech", True,
                     "a small draft speech model proposes a chain of acoustic tokens; exact rejection sampling "
                     "(greedy match at temperature 0)", drafter="model", rule="chain", policy="fixed",
                     paper="Leviathan et al. 2023; Chen et al. 2023",
-                    knobs=(Knob("num_draft_tokens", int, 4, NUM_DRAFT_TOKENS.help, 1, 64), LENGTH_SCHEDULE)))
+                    knobs=(SPEECH_DRAFT_TOKENS, LENGTH_SCHEDULE)))
+register(MethodSpec("ssd", "speech", False,
+                    "the draft model's chain verified with a tolerance: a drafted token is accepted if "
+                    "u < min(1, target/draft) + beta (never where the target gives it 0), recovered from the "
+                    "residual; each token's law stays within total variation min(beta, TV(target, draft)) of the "
+                    "target's", drafter="model", rule="tolerance", policy="fixed",
+                    paper="Lin et al. 2025, SSD (arXiv 2505.15380)",
+                    knobs=(SPEECH_DRAFT_TOKENS,
+                           Knob("beta", float, SSD_BETA, "tolerance added to every acceptance probability "
+                                "(0 = exact sd)", 0.0, 1.0),
+                           LENGTH_SCHEDULE)))
+register(MethodSpec("pcg", "speech", False,
+                    "the draft model's chain verified on overlapping groups of acoustically similar tokens (cosine "
+                    "> theta between the target's input embeddings): rejection sampling on the group variable, "
+                    "exact in groups, not in tokens; each committed token is tagged with its group",
+                    drafter="model", rule="group", policy="fixed",
+                    paper="Yanuka et al. 2025, PCG (arXiv 2511.13732)",
+                    knobs=(SPEECH_DRAFT_TOKENS,
+                           Knob("theta", float, PCG_THETA, "cosine threshold of the groups (1 = singletons = sd)",
+                                0.0, 1.0),
+                           ChoiceKnob("residual", str, "explicit", "how the recovered group is drawn: 'explicit' "
+                                      "(W target - W draft over every group) or 'thinning' (rejection draws from the "
+                                      "target, explicit after 16 empty rounds); both are exact in groups",
+                                      choices=("explicit", "thinning")),
+                           LENGTH_SCHEDULE)))
 
 
 if __name__ == "__main__":

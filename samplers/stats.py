@@ -40,6 +40,10 @@ class SpecStats:
     tested_at: list[int] = field(default_factory=list)  # per draft depth: drafted tokens that were tested
     accepted_at: list[int] = field(default_factory=list)
     verify_by_window: dict = field(default_factory=lambda: defaultdict(lambda: [0.0, 0]))  # n -> [seconds, count]
+    # relaxed rules (PCG, SSD): what exact token-level sampling would have accepted with the same drafts and uniforms
+    acceptance_level: str = "token"  # "token" (exact), "group" (PCG) or "tolerance" (SSD)
+    exact_accepted: int = 0
+    exact_rejections: int = 0
 
     def update(self, verdict: Verdict, committed: int, draft_s: float, verify_s: float, window: int) -> None:
         self.steps += 1
@@ -49,6 +53,10 @@ class SpecStats:
         rejected = (verdict.source == TokenSource.RECOVERED).any(-1).tolist()
         for n_acc, rej in zip(accepted, rejected):
             self.record_row(0, n_acc, rej)
+        if verdict.exact_accepted is not None:
+            self.acceptance_level = "group" if verdict.groups is not None else "tolerance"
+            self.exact_accepted += int(verdict.exact_accepted.sum())
+            self.exact_rejections += int((verdict.exact_accepted < verdict.num_drafted).sum())
         self.committed += committed
         self.draft_s += draft_s
         self.verify_s += verify_s
@@ -83,8 +91,19 @@ class SpecStats:
             ideal = ideal_speedup(alpha, gamma, draft_token_s / (ar_step_s or step_s))
             if ar_step_s:
                 measured = measured_speedup(alpha, gamma, ar_step_s, draft_token_s, step_s)
+        relaxed = {}
+        # relaxed rules: the acceptance figures are the relaxed rule's; exact sampling's on the same drafts go beside
+        if self.acceptance_level != "token":
+            tested = self.exact_accepted + self.exact_rejections
+            relaxed = {"acceptance_level": self.acceptance_level, "exact_accepted": self.exact_accepted,
+                       "exact_rejections": self.exact_rejections,
+                       "exact_acceptance_rate": self.exact_accepted / self.drafted if self.drafted else None,
+                       "exact_alpha_hat": self.exact_accepted / tested if tested else None}
+            if self.acceptance_level == "group":
+                relaxed.update(group_acceptance_rate=self.accepted / self.drafted if self.drafted else None,
+                               group_alpha_hat=alpha)
         return {
-            "method": method, "lossless": lossless,
+            "method": method, "lossless": lossless, **relaxed,
             "steps": self.steps, "row_steps": self.row_steps,
             "drafted": self.drafted, "accepted": self.accepted, "rejections": self.rejections,
             "committed": self.committed,

@@ -10,6 +10,7 @@ import torch
 
 from specgen.errors import InvalidRequest
 from specgen.kernels import PLACEHOLDER, ancestor_mask
+from specgen.samplers.noise import counter_uniform
 
 
 class TokenSource(IntEnum):
@@ -185,10 +186,25 @@ class DraftTree:
 class AcceptanceNoise:
     """The randomness of one verification, as data. For a chain, column i of accept_uniform tests drafted
     token i and column j of emit_uniform samples the token emitted at slot j. For a tree both are indexed by
-    node: accept_uniform[b, n] tests node n, emit_uniform[b, n] samples the token emitted after node n."""
+    node: accept_uniform[b, n] tests node n, emit_uniform[b, n] samples the token emitted after node n.
+
+    Rules that need more randomness (PCG's owner choice and residual) draw it with `uniform` at the same keys:
+    `verify_step` sets seed, sample_ids and the absolute position of every emit slot; forced-noise tests may
+    leave them None, and then only rules that draw nothing more can run."""
 
     accept_uniform: torch.Tensor  # [batch, k] or [batch, nodes], float64 in (0, 1)
     emit_uniform: torch.Tensor  # [batch, k + 1] or [batch, nodes], float64 in (0, 1)
+    seed: int | None = None
+    sample_ids: torch.Tensor | None = None  # [batch] int64
+    positions: torch.Tensor | None = None  # [batch, k + 1] or [batch, nodes]: absolute position of each emit slot
+
+    def uniform(self, purpose: int, lanes: int = 1) -> torch.Tensor:
+        """[batch, slots, lanes] float64 uniforms keyed (seed, sample, position of the slot, purpose, lane)."""
+        if self.seed is None or self.sample_ids is None or self.positions is None:
+            raise InvalidRequest("this acceptance rule draws extra randomness: the noise needs seed, sample_ids and "
+                                 "positions (verify_step sets them)")
+        lane = torch.arange(lanes)
+        return counter_uniform(self.seed, self.sample_ids[:, None, None], self.positions[..., None], purpose, lane)
 
 
 @dataclass(frozen=True)
@@ -216,6 +232,11 @@ class Verdict:
     # [batch, n, vocab] the processed target law at every scored slot (set by `verify_step`): Jacobi drafters
     # re-draft their uncommitted slots from it and store it as those drafts' law.
     target_probs: torch.Tensor | None = None
+    # [batch, k + 1] the group each committed token was emitted in (rules exact in groups, PCG), -1 padded
+    groups: torch.Tensor | None = None
+    # [batch] for relaxed rules: the drafted tokens exact token-level sampling would have accepted with the same
+    # drafts and accept uniforms (the longest prefix with u < min(1, target/draft)): what the relaxation gained
+    exact_accepted: torch.Tensor | None = None
 
     @property
     def num_committed(self) -> torch.Tensor:

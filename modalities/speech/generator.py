@@ -2,8 +2,11 @@
 
 A request is a sentence and a voice; the prompt is [BOS, voice, characters, BOA] and generation runs until EOS
 or `max_new_tokens` acoustic tokens. One `Processing` (acoustic-tokens-and-EOS only, temperature, top-k, top-p)
-serves plain decoding, verification and the draft alike. Methods come from the registry: `ar` (plain decoding)
-and `sd` (a small draft model proposes chains; exact rejection sampling, greedy matching at temperature 0).
+serves plain decoding, verification and the draft alike. Methods come from the registry: `ar` (plain decoding),
+`sd` (a small draft model proposes chains; exact rejection sampling, greedy matching at temperature 0) and two
+relaxed verifications of the same chains, lossy by design: `ssd` (a tolerance beta on every acceptance) and `pcg`
+(rejection sampling on groups of similar acoustic tokens, exact in groups; the groups are built from the target's
+embeddings once per theta and cached, see `specgen.modalities.speech.groups`).
 Without arguments it loads the models shipped in `assets/speech/`.
 """
 
@@ -20,6 +23,7 @@ import torch
 from specgen.errors import InvalidRequest, VocabularyMismatch
 from specgen.modalities.model_drafter import ModelDrafter
 from specgen.modalities.speech.codec import AcousticCodec
+from specgen.modalities.speech.groups import check_theta, load_or_build_groups
 from specgen.modalities.speech.models import DEFAULT_VOICE, default_paths, load_speech_lm, load_speech_vocab
 from specgen.modalities.transformers_adapter import TransformersTarget, measure_window_s
 from specgen.samplers.acceptance import make_rule
@@ -27,6 +31,7 @@ from specgen.samplers.loop import speculative_generate
 from specgen.samplers.policies import make_policy
 from specgen.samplers.processing import Processing
 from specgen.samplers.registry import get_method
+from specgen.samplers.groups import TokenGroups
 from specgen.samplers.stats import SpecStats
 from specgen.samplers.types import StepEvent
 
@@ -56,7 +61,8 @@ class SpeechResult:
     sample_rate: int
     tokens: list[int]  # acoustic tokens of the first sample (EOS dropped)
     stats: dict
-    samples: list[dict]  # one {"tokens", "audio"} per sample
+    samples: list[dict]  # one {"tokens", "audio"} per sample (and "groups" with pcg)
+    groups: list[int] | None = None  # pcg: the group each token of the first sample was committed in
 
 
 class SpeechGenerator:
@@ -73,6 +79,7 @@ class SpeechGenerator:
         self.dtype = dtype
         self._draft_model = None
         self._codec = None
+        self._groups: dict[float, TokenGroups] = {}  # PCG's groups per theta
 
     @property
     def codec(self) -> AcousticCodec:
@@ -91,12 +98,29 @@ class SpeechGenerator:
     def draft_model(self):
         if self._draft_model is None:
             if self.draft_path is None:
-                raise InvalidRequest("method 'sd' needs a draft model (draft=PATH)")
+                raise InvalidRequest("a method with a draft (sd, ssd, pcg) needs a draft model (draft=PATH)")
             self._draft_model = load_speech_lm(self.draft_path, self.dtype)
             if load_speech_vocab(self.draft_path) != self.vocab:
                 raise VocabularyMismatch(f"the draft in {str(self.draft_path)!r} has another vocabulary than the "
                                          f"target in {str(self.model_path)!r}")
         return self._draft_model
+
+    def groups(self, theta: float) -> TokenGroups:
+        """PCG's groups of the target's acoustic tokens at `theta` (built once, then from the cache)."""
+        theta = check_theta(theta)
+        if theta not in self._groups:
+            self._groups[theta] = load_or_build_groups(self.model, self.vocab.num_tokens, self.vocab.vocab_size, theta)
+        return self._groups[theta]
+
+    def rule(self, method: str, processing: Processing, knobs: dict):
+        """The acceptance rule of a method with its resolved knobs."""
+        spec = get_method("speech", method)
+        options = {}
+        if spec.rule == "group":
+            options = {"groups": self.groups(knobs["theta"]), "residual": knobs["residual"]}
+        elif spec.rule == "tolerance":
+            options = {"beta": knobs["beta"]}
+        return make_rule(spec.rule, processing, **options)
 
     def processing(self, *, temperature: float | None = None, top_k: int | None = None,
                    top_p: float = 1.0) -> Processing:
@@ -131,7 +155,8 @@ class SpeechGenerator:
         elif spec.drafter is not None:
             raise InvalidRequest(f"unknown drafter {spec.drafter!r}")
         policy = make_policy(knobs.get("length_schedule", "fixed"), knobs.get("num_draft_tokens", 0))
-        yield from speculative_generate(TransformersTarget(self.model), drafter, make_rule(spec.rule, processing),
+        rule = self.rule(method, processing, knobs)
+        yield from speculative_generate(TransformersTarget(self.model), drafter, rule,
                                         [prompt_ids] * num_samples, processing=processing, max_new_tokens=limit,
                                         policy=policy, seed=seed, stop_tokens=(self.vocab.eos,), stats=stats)
 
@@ -141,17 +166,22 @@ class SpeechGenerator:
         stats = SpecStats()
         num_samples = options.get("num_samples", 1)
         tokens: list[list[int]] = [[] for _ in range(num_samples)]
+        groups: list[list[int]] = [[] for _ in range(num_samples)]  # pcg tags every committed token with its group
         started = time.perf_counter()
         for event in self.stream(text, method=method, stats=stats, **options):
             tokens[event.row].extend(event.tokens)
+            groups[event.row].extend(event.extra.get("groups", ()))
         wall_s = time.perf_counter() - started
         summary = stats.summary(method=method, lossless=get_method("speech", method).lossless, wall_s=wall_s,
                                 ar_step_s=ar_step_s)
+        groups = [[g for t, g in zip(row, tags) if t != self.vocab.eos] if tags else None
+                  for row, tags in zip(tokens, groups)]
         tokens = [[t for t in row if t != self.vocab.eos] for row in tokens]
         summary["audio_s"] = len(tokens[0]) / self.codec.cfg.frame_rate if decode else None
         audios = [self.decode(t) if decode else np.zeros(0, np.float32) for t in tokens]
-        samples = [{"tokens": t, "audio": a} for t, a in zip(tokens, audios)]
-        return SpeechResult(audios[0], self.sample_rate if decode else 0, tokens[0], summary, samples)
+        samples = [{"tokens": t, "audio": a, **({"groups": g} if g is not None else {})}
+                   for t, a, g in zip(tokens, audios, groups)]
+        return SpeechResult(audios[0], self.sample_rate if decode else 0, tokens[0], summary, samples, groups[0])
 
     def decode(self, tokens: list[int]) -> np.ndarray:
         """Acoustic tokens -> float32 waveform at `sample_rate` (codebook centroids, InverseMelScale, Griffin-Lim)."""

@@ -185,6 +185,12 @@ BAD_INPUTS = {
     "unknown param": ('{"id": "a", "modality": "text", "prompt": "x", "params": {"beams": 2}}\n',
                       ["line 1", "beams"]),
     "bad seed": ('{"id": "a", "modality": "text", "prompt": "x", "seed": -1}\n', ["line 1", "seed"]),
+    "bad pcg theta": ('{"id": "a", "modality": "speech", "text": "x", "method": "pcg", "params": {"theta": 2}}\n',
+                      ["line 1", "theta must be <= 1.0"]),
+    "bad pcg residual": ('{"id": "a", "modality": "speech", "text": "x", "method": "pcg", '
+                         '"params": {"residual": "best"}}\n', ["line 1", "residual must be one of"]),
+    "beta for pcg": ('{"id": "a", "modality": "speech", "text": "x", "method": "pcg", "params": {"beta": 0.1}}\n',
+                     ["line 1", "beta"]),
     "empty file": ("\n\n", ["no requests"]),
 }
 
@@ -235,3 +241,21 @@ def test_ray_engine_gives_the_local_results(full_run, pair, tmp_path):
     batch_module.run_batch(source, out, engine="ray", model=pair[0], draft=pair[1], workers=2, progress=False)
     strip = lambda rs: sorted(({k: v for k, v in r.items() if k != "stats"} for r in rs), key=lambda r: str(r["id"]))  # noqa: E731
     assert strip(read_jsonl(out)) == strip(reference)
+
+
+def test_speech_items_pass_the_relaxed_methods_knobs(speech_paths, tmp_path):
+    items = [{"id": "pcg", "modality": "speech", "text": "hello", "method": "pcg", "seed": 1,
+              "params": {"theta": 0.2, "residual": "thinning", "max_new_tokens": 16}},
+             {"id": "ssd", "modality": "speech", "text": "hello", "method": "ssd", "seed": 1,
+              "params": {"beta": 0.3, "num_draft_tokens": 2, "max_new_tokens": 16}}]
+    source = write_jsonl(tmp_path / "in.jsonl", items)
+    summary = batch_module.run_batch(source, tmp_path / "out.jsonl", progress=False, speech_paths=speech_paths)
+    by_id = {r["id"]: r for r in read_jsonl(tmp_path / "out.jsonl")}
+    assert summary["ok"] == 2 and all(r["status"] == "ok" for r in by_id.values())
+    from specgen.modalities.speech.generator import SpeechGenerator
+
+    alone = SpeechGenerator(*speech_paths).generate("hello", method="pcg", seed=1, theta=0.2, residual="thinning",
+                                                    max_new_tokens=16, decode=False)
+    assert by_id["pcg"]["result"]["tokens"] == alone.tokens
+    assert by_id["pcg"]["stats"]["acceptance_level"] == "group"
+    assert by_id["ssd"]["stats"]["acceptance_level"] == "tolerance"

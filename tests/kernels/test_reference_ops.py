@@ -418,3 +418,19 @@ def test_backend_dispatch():
     with pytest.raises(InvalidRequest):
         kernels.set_backend("no-such-backend")
     assert kernels.backend() == "auto"
+
+
+# ---- group_mass --------------------------------------------------------------------------------------------------
+
+def test_group_mass_exact_table():
+    # groups over V = 7: 0 -> {1, 2}, 1 -> {}, 2 -> {3, 4, 5}, 3 -> {6}
+    indptr = torch.tensor([0, 2, 2, 5, 6], dtype=torch.int32)
+    member_ids = torch.tensor([1, 2, 3, 4, 5, 6], dtype=torch.int32)
+    weights = torch.tensor([1.0, 0.5, 0.5, 1.0, 0.25, 1.0], dtype=torch.float64)
+    probs = torch.stack([dist({1: .25, 2: .5, 3: .25}), dist({4: .5, 5: .5})])
+    groups = torch.tensor([[0, 1, 2, -1], [2, 3, 0, 2]])
+    assert kernels.group_mass(probs, groups, indptr, member_ids, weights, 3).tolist() == [
+        [.5, 0.0, .125, 0.0], [.625, 0.0, 0.0, .625]]
+    assert kernels.group_mass(probs, groups, indptr, member_ids, None, 3).tolist() == [
+        [.75, 0.0, .25, 0.0], [1.0, 0.0, 0.0, 1.0]]
+    assert kernels.group_mass(probs[:0], groups[:0], indptr, member_ids, None, 3).shape == (0, 4)

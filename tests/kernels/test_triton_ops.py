@@ -274,3 +274,47 @@ def test_dispatch_forced_to_triton_gives_identical_jacobi_generation(coupling):
     finally:
         kernels.set_backend("auto")
     assert calls  # the Triton kernel really ran
+
+
+# ---- group_mass: PCG's coarse-grained masses and LANTERN++'s neighbour masses over CSR tables -------------------
+
+def _group_case(rows, m, vocab, seed, weighted=True, max_size=9):
+    """Random CSR groups (sizes 1..max_size, one empty group when vocab allows), laws with zeros, listed group ids
+    with -1 padding."""
+    g = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(1, max_size + 1, (vocab,), generator=g)
+    if vocab > 2:
+        sizes[1] = 0  # a neighbour list may be empty
+    indptr = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)]).to(torch.int32)
+    member_ids = torch.randint(0, vocab, (int(sizes.sum()),), generator=g).to(torch.int32)
+    weights = torch.rand(member_ids.numel(), generator=g, dtype=torch.float64) if weighted else None
+    probs = _laws((rows, vocab), g, sparse=seed % 2 == 1).float()
+    group_ids = torch.randint(-1, vocab, (rows, m), generator=g)
+    return probs, group_ids, indptr, member_ids, weights, int(sizes.max())
+
+
+@pytest.mark.parametrize("rows,m,vocab,max_size", [(1, 1, 2, 1), (3, 5, 13, 4), (4, 7, 1100, 9), (2, 3, 4099, 1500)])
+@pytest.mark.parametrize("weighted", [True, False])
+def test_group_mass_matches_torch(rows, m, vocab, max_size, weighted):
+    for seed in range(3):
+        case = _group_case(rows, m, vocab, seed, weighted, max_size)
+        expected, got = reference.group_mass(*case), triton_ops.group_mass(*case)
+        assert got.dtype == torch.float64 and got.shape == (rows, m)
+        assert torch.allclose(got, expected, rtol=1e-12, atol=1e-15), (seed, got, expected)
+        assert bool((got[case[1] < 0] == 0).all())
+
+
+def test_group_mass_of_token_groups_under_forced_triton_dispatch():
+    from specgen.samplers.groups import build_groups
+
+    g = torch.Generator().manual_seed(0)
+    groups = build_groups(torch.randn(300, 6, generator=g), 0.3, 310)
+    probs = _laws((3, 310), g, sparse=False)
+    kernels.set_backend("torch")
+    expected = groups.coarse(probs)
+    kernels.set_backend("triton")
+    try:
+        assert torch.allclose(groups.coarse(probs), expected, rtol=1e-12, atol=1e-15)
+    finally:
+        kernels.set_backend("auto")
+    assert torch.allclose(expected, probs @ groups.dense_weights.T, atol=1e-14)

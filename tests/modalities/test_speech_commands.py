@@ -41,6 +41,12 @@ def test_generate_speech_writes_a_wav_and_one_json_object(models, tmp_path, caps
     (["--text", "hello", "--voice", "nobody"], ["unknown voice", "slt"]),
     (["--text", "hello", "--max-new-tokens", "5000"], ["max_new_tokens"]),
     (["--text", "hello", "--method", "ar", "--num-draft-tokens", "3"], ["--num-draft-tokens"]),
+    (["--text", "hello", "--method", "pcg", "--theta", "1.5"], ["theta", "<= 1.0"]),
+    (["--text", "hello", "--method", "pcg", "--theta", "nan"], ["--theta", "finite"]),
+    (["--text", "hello", "--method", "pcg", "--theta", "abc"], ["--theta", "number"]),
+    (["--text", "hello", "--method", "ssd", "--beta", "-0.1"], ["beta", ">= 0.0"]),
+    (["--text", "hello", "--method", "sd", "--theta", "0.3"], ["--theta applies to pcg", "'sd'"]),
+    (["--text", "hello", "--method", "pcg", "--beta", "0.3"], ["--beta applies to ssd", "'pcg'"]),
 ])
 def test_bad_requests_are_one_error_line(models, tmp_path, capsys, extra, words):
     code, stdout, err = run(["generate", "speech", "--out", str(tmp_path / "x.wav"), *extra, *models], capsys)
@@ -63,13 +69,39 @@ def test_bench_speech_compares_ar_and_sd(models, tmp_path, capsys, monkeypatch):
     prompts.write_text('{"id": "a", "text": "hello there"}\n{"id": "b", "text": "good night", "voice": "awb"}\n')
     generator = SpeechGenerator(models[1], models[3], models[5])
     result = speech_commands.run_bench_speech(prompts_path=prompts, max_new_tokens=12, generator=generator)
-    assert set(result["methods"]) == {"ar", "sd"}
+    assert set(result["methods"]) == {"ar", "sd", "ssd", "pcg"}  # every speech method by default
     sd = result["methods"]["sd"]
     assert sd["identical_to_ar"] is True and sd["tau"] >= 1 and sd["speedup_vs_ar"] > 0
     assert result["methods"]["ar"]["tau"] == 1
     assert "predicted_speedup_measured" in sd and result["env"]["repeats"] == 1
-    assert "| `sd` |" in speech_commands.render_markdown(result)
+    pcg, ssd = result["methods"]["pcg"], result["methods"]["ssd"]
+    assert pcg["lossless"] is False and pcg["acceptance_level"] == "group" and 0 <= pcg["exact_alpha_hat"] <= 1
+    assert ssd["acceptance_level"] == "tolerance" and "exact_alpha_hat" not in sd
+    markdown = speech_commands.render_markdown(result)
+    assert "| `sd` |" in markdown and "| `pcg` | no |" in markdown and "(group; exact" in markdown
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a"}\n')
     code, _, err = run(["bench", "speech", "--prompts", str(bad)], capsys)
     assert code == 2 and "line 1" in err and "'text'" in err
+
+
+@pytest.mark.parametrize("method, flags", [("pcg", ["--theta", "0.3"]), ("pcg", ["--theta", "1"]),
+                                           ("ssd", ["--beta", "0.2"])])
+def test_generate_speech_with_a_relaxed_rule(models, tmp_path, capsys, method, flags):
+    out = tmp_path / "r.wav"
+    code, stdout, err = run(["generate", "speech", "--text", "Hello there.", "--out", str(out), "--method", method,
+                             *flags, "--max-new-tokens", "24", "--seed", "3", "--json", *models], capsys)
+    assert code == 0, err
+    result = json.loads(stdout)
+    audio, rate = sf.read(out)
+    assert rate == 16000 and len(audio) > 0 and 0 < len(result["tokens"]) <= 24
+    assert max(result["tokens"]) < 64
+    stats = result["stats"]
+    assert stats["method"] == method and stats["lossless"] is False
+    assert stats["acceptance_level"] == ("group" if method == "pcg" else "tolerance")
+    assert 0 <= stats["exact_accepted"] <= stats["drafted"]
+    if method == "pcg":  # every token comes with the group it was committed in
+        assert len(result["groups"]) == len(result["tokens"])
+    code, stdout, err = run(["generate", "speech", "--text", "Hello there.", "--out", str(out), "--method", method,
+                             *flags, "--max-new-tokens", "24", "--seed", "3", *models], capsys)
+    assert code == 0 and stdout.strip() == str(out) and "exact sampling" in err
