@@ -166,8 +166,8 @@ register(MethodSpec("svip", "text", True,
 WINDOW = Knob("window", int, 32, "Jacobi window L: tokens scored per step (the pending token and L-1 drafts)", 2, 256)
 JACOBI_INIT = Knob("init", str, "random", "how empty window slots are drafted: 'random' (uniform over image codes) "
                    "or 'left' (copy the previous token)")
-# Video: the same decoders; longer windows pay off because a frame is predictable from the one before it.
-for _modality, _sjd_window, _window in (("image", 8, 32), ("video", 16, 64)):
+# Video: the same decoders; defaults are the best windows of `specgen bench video` (benchmarks/video-latest.md).
+for _modality, _sjd_window, _window in (("image", 8, 32), ("video", 16, 32)):
     _knob = Knob("window", int, _window, WINDOW.help, 2, 256)
     register(MethodSpec("ar", _modality, True,
                         "plain autoregressive decoding of the visual token model (the baseline)", drafter=None,
@@ -204,7 +204,8 @@ class ChoiceKnob(Knob):
 SPEECH_DRAFT_TOKENS = Knob("num_draft_tokens", int, 4, NUM_DRAFT_TOKENS.help, 1, 64)
 # Defaults for the shipped 1024-token codebook (docs/speech.md, "PCG and SSD"): theta 0.25 gives groups of 4.5
 # tokens on average (0.4 % of the codebook, 10 % singletons) whose log-mel centroids sit at 0.57 of the distance
-# between random tokens; beta 0.1 bounds each token's total variation from the target by 0.1.
+# between random tokens; beta 0.1 bounds each token's total variation from the target by 0.1. The measured
+# speed/quality frontier (docs/speech.md, Results) found no theta within its quality bound, so 0.25 stays.
 PCG_THETA = 0.25
 SSD_BETA = 0.1
 register(MethodSpec("ar", "speech", True, "plain autoregressive decoding of the speech token model (the baseline)",

@@ -1,7 +1,7 @@
-"""Make docs/img/demo-image.png and docs/img/demo-speech.png: the web demo's Image and Speech tabs after one run
-each, with the shipped models, in headless Chromium.
+"""Make docs/img/demo-image.png, demo-video.png and demo-speech.png: the web demo's Image, Video and Speech tabs
+after one run each, with the shipped models, in headless Chromium.
 
-    python docs/img/screenshot_media.py [--tabs image,speech]
+    python docs/img/screenshot_media.py [--tabs image,video,speech]
 
 Needs the Debian `chromium` package and `pip install playwright` (never `playwright install`).
 """
@@ -17,12 +17,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
-TABS = {"image": ("Image", "#image-run", "#image-stats"), "speech": ("Speech", "#speech-run", "#speech-stats")}
+TABS = {"image": ("Image", "#image-run", "#image-stats"), "video": ("Video", "#video-run", "#video-stats"),
+        "speech": ("Speech", "#speech-run", "#speech-stats")}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tabs", default="image,speech")
+    parser.add_argument("--tabs", default="image,video,speech")
     args = parser.parse_args()
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
