@@ -126,6 +126,18 @@ def _int_list(low: int, high: int):
     return parse
 
 
+def _float_list(low: float, high: float, single: bool = False):
+    """`--thetas 0.4,0.3`: distinct finite numbers in [low, high] (one number with single=True)."""
+    def parse(text: str) -> list[float] | float:
+        values = [_finite_float(v) for v in text.split(",")]
+        if single and len(values) != 1:
+            raise argparse.ArgumentTypeError(f"expected one number, got {text!r}")
+        if any(not low <= v <= high for v in values):
+            raise argparse.ArgumentTypeError(f"every value must be in [{low:g}, {high:g}], got {text!r}")
+        return values[0] if single else sorted(set(values), reverse=True)
+    return parse
+
+
 def _method_list(modality: str):
     """`--methods a,b,c` for bench: known names (plus the Hugging Face peers for text), no repeats."""
     known = registry.method_names(modality) + (list(PEER_METHODS) if modality == "text" else [])
@@ -275,6 +287,20 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--windows", type=_int_list(2, 256), metavar="L,L,...",
                            help="Jacobi windows to sweep (default: " + ("2..64" if modality == "image" else "8..128")
                            + ")")
+        if modality == "speech":
+            p.add_argument("--thetas", type=_float_list(0.0, 1.0), metavar="T,T,...",
+                           help="pcg group thresholds to sweep (default when pcg runs: 0.4,0.3,0.25,0.2; pcg's "
+                                "default theta always runs)")
+            p.add_argument("--betas", type=_float_list(0.0, 1.0), metavar="B,B,...",
+                           help="ssd tolerances to sweep (default: ssd's default beta only)")
+            p.add_argument("--no-quality", action="store_true",
+                           help="speed only: skip WER, the speaker-similarity proxy and the token-swap stress test")
+            p.add_argument("--corpus", type=Path, metavar="DIR",
+                           help="encoded corpus for voice profiles and the swap test (default: assets/speech/corpus)")
+            p.add_argument("--swap-utterances", type=_int_at_least(1), metavar="N",
+                           help="held-out corpus utterances in the token-swap stress test (default: 48)")
+            p.add_argument("--swap-rate", type=_float_list(0.0, 1.0, single=True), metavar="R",
+                           help="share of tokens the swap test replaces (default: 1)")
         p.add_argument("--out-dir", type=Path, metavar="DIR",
                            help="where results are written (default: benchmarks/)")
 

@@ -81,6 +81,26 @@ def save_tiny_speech_models(root, *, num_tokens, seed=0):
     return folders["target"], folders["draft"], root / "codec"
 
 
+SPOKEN = ("keep them in one big pile", "good night", "where is the door", "the sun is hot", "open the box",
+          "we can go home now")
+
+
+def save_tiny_speech_corpus(folder, *, num_tokens, voices=("slt", "awb"), utterances=12, frames=24, seed=0):
+    """An encoded corpus (tokens.npz, the layout `train --role tokens` writes) of random token sequences with
+    plain English sentences (every word in pocketsphinx's dictionary), voices in turn."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(frames, 2 * frames, size=utterances)
+    folder.mkdir(parents=True, exist_ok=True)
+    np.savez(folder / "tokens.npz", tokens=rng.integers(0, num_tokens, size=int(lengths.sum())).astype(np.uint16),
+             offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+             texts=np.array([SPOKEN[i % len(SPOKEN)] for i in range(utterances)]),
+             voices=np.array([voices[i % len(voices)] for i in range(utterances)]),
+             ids=np.array([f"u{i:03d}" for i in range(utterances)]))
+    return folder
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
