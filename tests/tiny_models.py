@@ -115,3 +115,21 @@ def serve(demo):
         yield url
     finally:
         demo.close()
+
+
+class GuidedTransformers:
+    """The guided logits of an image or clip token model, as `target_joint` wants them (float64 forward
+    passes): uncond + scale * (cond - uncond) on the last position."""
+
+    def __init__(self, model, vocab, prompt, scale):
+        self.model, self.vocab, self.scale = model, vocab, scale
+        self.prompt, self.uncond = vocab.prompt_ids(prompt).tolist(), vocab.uncond_ids().tolist()
+
+    def forward(self, ids):
+        with torch.no_grad():
+            return self.model(input_ids=torch.tensor([ids])).logits[0, -1].double()
+
+    def logits(self, context):
+        generated = list(context)[len(self.prompt):]
+        cond, uncond = self.forward(list(context)), self.forward(self.uncond + generated)
+        return uncond + self.scale * (cond - uncond)

@@ -3,7 +3,7 @@ matches the exact guided target (chi-square), and bad requests get clear errors.
 
 import pytest
 import torch
-from tiny_models import save_tiny_image_model
+from tiny_models import GuidedTransformers, save_tiny_image_model
 
 from specgen.errors import InvalidRequest
 from specgen.modalities.image.generator import CodesOnly, ImageGenerator
@@ -31,23 +31,6 @@ def test_greedy_jacobi_equals_greedy_decoding(grid4, method):
     assert jacobi.tokens == plain.tokens
     assert all(len(t) == 16 and max(t) < 16 for t in jacobi.tokens)
     assert jacobi.stats["steps"] <= plain.stats["steps"] and jacobi.image.size == (16, 16)
-
-
-class GuidedTransformers:
-    """The guided logits of a transformers model, as `target_joint` wants them (float64 forward passes)."""
-
-    def __init__(self, model, vocab, prompt, scale):
-        self.model, self.vocab, self.scale = model, vocab, scale
-        self.prompt, self.uncond = vocab.prompt_ids(prompt).tolist(), vocab.uncond_ids().tolist()
-
-    def forward(self, ids):
-        with torch.no_grad():
-            return self.model(input_ids=torch.tensor([ids])).logits[0, -1].double()
-
-    def logits(self, context):
-        generated = list(context)[len(self.prompt):]
-        cond, uncond = self.forward(list(context)), self.forward(self.uncond + generated)
-        return uncond + self.scale * (cond - uncond)
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from tiny_models import save_tiny_image_model
+from tiny_models import GuidedTransformers, save_tiny_image_model
 
 from specgen.errors import InvalidRequest
 from specgen.modalities.image import video_data
@@ -42,23 +42,6 @@ def test_greedy_jacobi_on_video_equals_greedy_decoding(video4, method, window):
     frames = jacobi.image
     assert len(frames) == 4 and all(f.size == (16, 16) for f in frames)
     assert len(jacobi.images) == 2
-
-
-class GuidedTransformers:
-    """The guided logits of a transformers model, as `target_joint` wants them (float64 forward passes)."""
-
-    def __init__(self, model, vocab, prompt, scale):
-        self.model, self.vocab, self.scale = model, vocab, scale
-        self.prompt, self.uncond = vocab.prompt_ids(prompt).tolist(), vocab.uncond_ids().tolist()
-
-    def forward(self, ids):
-        with torch.no_grad():
-            return self.model(input_ids=torch.tensor([ids])).logits[0, -1].double()
-
-    def logits(self, context):
-        generated = list(context)[len(self.prompt):]
-        cond, uncond = self.forward(list(context)), self.forward(self.uncond + generated)
-        return uncond + self.scale * (cond - uncond)
 
 
 @pytest.mark.slow
