@@ -57,6 +57,7 @@ def _decode(generator, prompts, drafter, policy, *, max_new_tokens: int, tempera
 def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_size: int = 8, capacity: int = 16,
                      max_draft: int = 6, max_new_tokens: int = 96, temperature: float = 0.0, repeats: int = 3,
                      seed: int = 0, steps: int = 0) -> dict:
+    import torch
     from tqdm import tqdm
 
     from specgen.app.bench_text import _cpu_model, _load, benchmarks_dir, load_prompts, source_state
@@ -113,7 +114,7 @@ def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_
                     "batch_size": batch_size, "capacity": capacity, "steps": steps, "max_draft": max_draft, "gamma": gamma,
                     "max_new_tokens": max_new_tokens, "temperature": temperature, "repeats": repeats,
                     "prompts": str(prompts_path), "model": str(generator.model_path),
-                    "draft": str(generator.draft_path), "threads": __import__("torch").get_num_threads(),
+                    "draft": str(generator.draft_path), "threads": torch.get_num_threads(),
                     "cpu_model": _cpu_model(), "load_before": load_before, "load_after": _load()}}
 
 

@@ -79,8 +79,8 @@ class ModelDrafter:
         stopped = torch.zeros(len(rows), dtype=torch.bool)
         previous = None
         for d in range(budget):
+            plain = self._plain_law(last)  # the temperature-1 law: the stop rules' input and the slot's confidence
             if self.stop_policy is not None:  # rows that stop keep drafting in the batch; num_drafted cuts them
-                plain = self._plain_law(last)
                 if d > 0:
                     stopping = ~stopped & self.stop_policy.stop(plain, previous, d).to(torch.bool)
                     num_drafted = torch.where(stopping, d, num_drafted)
@@ -89,7 +89,7 @@ class ModelDrafter:
                         break
                 previous = plain
             law = self._law(last)
-            confidence.append(self._plain_law(last).max(-1).values)
+            confidence.append(plain.max(-1).values)
             if self.processing.greedy:
                 index = law.argmax(-1)
             else:
