@@ -286,12 +286,11 @@ def run_item(generators, request: Request, media_stem: Path | str = "batch") -> 
         grid_image(result.images).save(path)
         output = {"image": str(path), "tokens": result.tokens[0] if len(result.tokens) == 1 else result.tokens}
     elif request.modality == "video":
-        from specgen.app.image_commands import grid_image
-        from specgen.modalities.image.video import save_video
+        from specgen.app.image_commands import save_video_grid
 
         path = media_path(Path(f"{media_stem}-videos"), request, ".gif")
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_video([grid_image([sample[t] for sample in result.images]) for t in range(len(result.image))], path)
+        save_video_grid(result.images, path)
         output = {"video": str(path), "tokens": result.tokens[0] if len(result.tokens) == 1 else result.tokens}
     elif request.modality == "speech":
         from specgen.modalities.speech.codec import write_wav

@@ -45,11 +45,8 @@ def generate_image(args) -> int:
     wall_s = time.perf_counter() - started
     summary = generator.summary(stats, method, wall_s, generator.measure_step_s(prompt, guidance_scale=args.guidance))
     images = generator.decode(tokens)
-    if modality == "video":  # frame t of the file shows frame t of every sample, in a grid
-        from specgen.modalities.image.video import save_video
-
-        save_video([grid_image([sample[t] for sample in images]) for t in range(generator.vocab.frames)], args.out,
-                   fps=args.fps)
+    if modality == "video":
+        save_video_grid(images, args.out, fps=args.fps)
     else:
         grid_image(images).save(args.out)
     if args.json:
@@ -75,6 +72,15 @@ def grid_image(images, columns: int | None = None):
     for i, image in enumerate(images):
         sheet.paste(image, ((i % columns) * width, (i // columns) * height))
     return sheet
+
+
+def save_video_grid(videos: list[list], path, fps: int | None = None):
+    """Several samples' frames (one list of PIL frames per sample) as one video: frame t of the file shows frame t
+    of every sample, in a grid."""
+    from specgen.modalities.image.video import FPS, save_video
+
+    frames = [grid_image([video[t] for video in videos]) for t in range(len(videos[0]))]
+    return save_video(frames, path, fps=fps or FPS)
 
 
 def train_image(args) -> int:

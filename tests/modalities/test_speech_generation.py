@@ -47,26 +47,33 @@ class Oracle:
             return self.model(input_ids=torch.tensor([list(context)])).logits[0, -1].double()
 
 
-@pytest.mark.parametrize("method", ["ar", "sd"])
-def test_sampling_matches_the_exact_target(small_vocab, method):
-    target, draft, codec = small_vocab
-    generator = SpeechGenerator(target, draft, codec, dtype=torch.float64)
+def _exact_law(generator, text: str, voice: str, length: int) -> dict:
+    """The target's exact law of `length` new tokens at temperature 1 (acoustic tokens or EOS), with sequences that
+    end at EOS folded onto their prefix up to EOS (what generation returns)."""
     vocab = generator.vocab
-    prompt = vocab.prompt_ids("ab", "awb").tolist()
     processing = Processing(temperature=1.0, hooks=(AcousticOnly(vocab.num_tokens, vocab.eos),))
-    expected = target_joint(Oracle(generator.model), processing, prompt, 3)
-    # sequences that ended early at EOS are prefixes; fold the joint onto what generation returns
+    expected = target_joint(Oracle(generator.model), processing, vocab.prompt_ids(text, voice).tolist(), length)
     folded = {}
     for seq, p in expected.items():
         cut = seq[:seq.index(vocab.eos) + 1] if vocab.eos in seq else seq
         folded[cut] = folded.get(cut, 0.0) + p
+    return folded
+
+
+def _with_eos(generator, result, length: int) -> list[tuple]:
+    """Sampled token tuples with EOS put back where a sample stopped short of `length` (generate drops it)."""
+    eos = generator.vocab.eos
+    return [tuple(s["tokens"]) + ((eos,) if len(s["tokens"]) < length else ()) for s in result.samples]
+
+
+@pytest.mark.parametrize("method", ["ar", "sd"])
+def test_sampling_matches_the_exact_target(small_vocab, method):
+    target, draft, codec = small_vocab
+    generator = SpeechGenerator(target, draft, codec, dtype=torch.float64)
     result = generator.generate("ab", voice="awb", method=method, temperature=1.0, top_k=0, max_new_tokens=3,
                                 num_samples=2000, seed=11, decode=False,
                                 **({} if method == "ar" else {"num_draft_tokens": 2}))
-    samples = [tuple(s["tokens"]) for s in result.samples]
-    # put EOS back where a sample stopped short of the cap (generate drops it)
-    samples = [s + (vocab.eos,) if len(s) < 3 else s for s in samples]
-    fit = goodness_of_fit(samples, folded)
+    fit = goodness_of_fit(_with_eos(generator, result, 3), _exact_law(generator, "ab", "awb", 3))
     assert fit.p_value > 1e-4, fit
     assert method == "ar" or result.stats["drafted"] > 0
 
@@ -146,18 +153,9 @@ def test_pcg_singletons_with_thinning_sample_the_exact_target(small_vocab):
     """Thinning draws the residual differently from sd, so tokens differ, but at theta = 1 the law is the target's."""
     target, draft, codec = small_vocab
     generator = SpeechGenerator(target, draft, codec, dtype=torch.float64)
-    vocab = generator.vocab
-    prompt = vocab.prompt_ids("ab", "awb").tolist()
-    processing = Processing(temperature=1.0, hooks=(AcousticOnly(vocab.num_tokens, vocab.eos),))
-    expected = target_joint(Oracle(generator.model), processing, prompt, 2)
-    folded = {}
-    for seq, p in expected.items():
-        cut = seq[:seq.index(vocab.eos) + 1] if vocab.eos in seq else seq
-        folded[cut] = folded.get(cut, 0.0) + p
     result = generator.generate("ab", voice="awb", method="pcg", theta=1.0, residual="thinning", temperature=1.0,
                                 top_k=0, max_new_tokens=2, num_samples=2000, seed=5, decode=False, num_draft_tokens=1)
-    samples = [tuple(s["tokens"]) + ((vocab.eos,) if len(s["tokens"]) < 2 else ()) for s in result.samples]
-    fit = goodness_of_fit(samples, folded)
+    fit = goodness_of_fit(_with_eos(generator, result, 2), _exact_law(generator, "ab", "awb", 2))
     assert fit.p_value > 1e-4, fit
 
 
