@@ -325,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     kinds = train.add_subparsers(dest="what", metavar="WHAT", required=True)
     for what in ("text", "draft", "image", "speech"):
         p = command(kinds, what, f"train the {what} model", f"train {what}",
-                    handler={"text": _train_text, "draft": _train_text, "image": _train_image,
+                    handler={"text": _train_text, "draft": _train_draft, "image": _train_image,
                               "speech": _train_speech}.get(what))
         p.add_argument("--out", type=Path, metavar="DIR", help="checkpoint folder (resumed when it holds one)")
         p.add_argument("--steps", type=_int_at_least(1), metavar="N", help="optimiser steps (default: the recipe's)")
@@ -342,6 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
         if what in ("text", "draft"):
             p.add_argument("--max-files", type=_int_at_least(1), metavar="N",
                            help="train on the first N corpus files only (quick checks)")
+        if what == "draft":
+            _distill_options(p)
 
     selfcheck = command(commands, "selfcheck", "check the exact core against its enumerated distributions",
                         "selfcheck", handler=_selfcheck)
@@ -381,11 +383,58 @@ def _use_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
+def _distill_options(p: argparse.ArgumentParser) -> None:
+    p.description = ("Distil a draft from its target (DistillSpec divergences, AdaSPEC, reduced vocabularies, "
+                     "pruned self-drafts); exports fp16 weights and a model card into OUT/export.")
+    p.add_argument("--target", metavar="DIR", help="the target model (default: the shipped code target)")
+    p.add_argument("--init", metavar="DIR|scratch|prune:N",
+                   help="start from a model folder, a fresh draft, or the target less its N-layer block of least "
+                        "angular distance (default: the shipped draft)")
+    p.add_argument("--loss", choices=("ce", "fkl", "rkl", "jsd", "tvd"), default="fkl",
+                   help="cross-entropy on the text, forward/reverse KL, JSD or total variation (default: fkl)")
+    p.add_argument("--beta", type=_finite_float, default=0.5, help="JSD mixing weight (default: 0.5)")
+    p.add_argument("--data", choices=("corpus", "target", "draft", "mix"), default="target",
+                   help="continuations from the corpus, sampled by the target, on-policy by the draft, or a "
+                        "target/draft mix (default: target)")
+    p.add_argument("--mix-fraction", type=_finite_float, default=0.5, help="on-policy share with --data mix")
+    p.add_argument("--adaspec", type=_finite_float, metavar="K",
+                   help="AdaSPEC: train on the top fraction K of tokens by KL_draft - KL_reference (e.g. 0.4)")
+    p.add_argument("--reference", metavar="DIR", help="AdaSPEC's reference draft (a forward-KL distilled draft)")
+    p.add_argument("--vocab-size", type=_int_at_least(4), metavar="N",
+                   help="reduced draft vocabulary: the N most frequent tokens of target samples")
+    p.add_argument("--batch-size", type=_int_at_least(1), default=16, help="windows per step (default: 16)")
+    p.add_argument("--windows", type=_int_at_least(1), default=1024, help="fixed data set size (default: 1024)")
+    p.add_argument("--prompt-len", type=_int_at_least(1), default=32, help="default: 32")
+    p.add_argument("--new-tokens", type=_int_at_least(1), default=64, help="continuation tokens (default: 64)")
+    p.add_argument("--lr", type=_finite_float, default=1e-3, help="peak learning rate (default: 1e-3)")
+    p.add_argument("--top-k", type=_int_at_least(1), default=64, help="teacher log-probs kept per position")
+    p.add_argument("--temperature", type=_finite_float, default=1.0, help="decoding temperature (default: 1)")
+    p.add_argument("--data-seed", type=_int_at_least(0, MAX_SEED), default=0, help="which windows (default: 0)")
+    p.add_argument("--eval-windows", type=_int_at_least(1), default=128, help="held-out windows (default: 128)")
+    p.add_argument("--cache-dir", metavar="DIR", help="data and teacher caches (default: $SPECGEN_HOME/distill)")
+
+
+def _train_draft(args: argparse.Namespace) -> int:
+    from specgen.modalities.text.distill.trainer import DistillConfig, train_draft
+
+    cfg = DistillConfig(
+        out=str(args.out or Path("runs") / "distill"), target=args.target, init=args.init, loss=args.loss,
+        beta=args.beta, data=args.data, mix_fraction=args.mix_fraction, adaspec=args.adaspec,
+        reference=args.reference, vocab_size=args.vocab_size, steps=args.steps or 300, batch_size=args.batch_size,
+        prompt_len=args.prompt_len, new_tokens=args.new_tokens, windows=args.windows, lr=args.lr, top_k=args.top_k,
+        temperature=args.temperature, seed=args.seed, data_seed=args.data_seed, threads=args.threads,
+        max_files=args.max_files, eval_windows=args.eval_windows, cache_dir=args.cache_dir)
+    summary = train_draft(cfg)
+    print(json.dumps({k: summary.get(k) for k in ("steps", "params", "final_loss", "heldout", "coverage", "wall_s")}))
+    return 0
+
+
 def _train_text(args: argparse.Namespace) -> int:
-    """`train text` trains the code target, `train draft` its draft; both export fp16 weights into OUT/export."""
+    """`train text` trains the code target (the shipped draft's recipe: `python -m specgen.modalities.text.train
+    --role draft`); it exports fp16 weights into OUT/export."""
     from specgen.modalities.text.train import DEFAULT_STEPS, train_text_model
 
-    role = "target" if args.what == "text" else "draft"
+    role = "target"
     out = args.out or Path("runs") / role
     summary = train_text_model(role, out, args.steps or DEFAULT_STEPS[role], seed=args.seed,
                                threads=args.threads, export_dir=out / "export", max_files=args.max_files)

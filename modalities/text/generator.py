@@ -7,6 +7,7 @@ here and shipped in `assets/code/`. Everything runs offline; a path that does no
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -77,6 +78,7 @@ class TextGenerator:
         self.model = load_causal_lm(self.model_path, dtype)
         self.tokenizer = load_tokenizer(self.model_path)
         self._draft_model = None
+        self.draft_vocab_ids: torch.Tensor | None = None  # target ids of a reduced draft vocabulary
         self.dtype = dtype
 
     @property
@@ -84,11 +86,14 @@ class TextGenerator:
         if self._draft_model is None:
             if self.draft_path is None:
                 raise InvalidRequest("method 'draft' needs a draft model (--draft PATH)")
-            self._draft_model = load_causal_lm(self.draft_path, self.dtype)
-            draft_vocab, target_vocab = self._draft_model.config.vocab_size, self.model.config.vocab_size
-            if draft_vocab != target_vocab:
+            draft = load_causal_lm(self.draft_path, self.dtype)
+            mapping = Path(self.draft_path) / "vocab_ids.json"  # written by `specgen train draft --vocab-size N`
+            self.draft_vocab_ids = torch.tensor(json.loads(mapping.read_text())) if mapping.exists() else None
+            draft_vocab, target_vocab = draft.config.vocab_size, self.model.config.vocab_size
+            if self.draft_vocab_ids is None and draft_vocab != target_vocab:
                 raise VocabularyMismatch(f"the draft's vocabulary ({draft_vocab} tokens) does not map onto the "
-                                         f"target's ({target_vocab} tokens)")
+                                         f"target's ({target_vocab} tokens) and it has no vocab_ids.json")
+            self._draft_model = draft
         return self._draft_model
 
     def encode(self, prompt: str) -> torch.Tensor:
@@ -158,13 +163,19 @@ class TextGenerator:
     def _drafter(self, kind: str | None, knobs: dict, processing: Processing, policy=None):
         if kind is None:
             return None
+        full_vocab_only = kind.startswith("tree-") or (kind == "model" and hasattr(policy, "stop"))
+        if full_vocab_only and self.draft_model is not None and self.draft_vocab_ids is not None:
+            raise InvalidRequest(f"this method needs a draft over the target's full vocabulary; "
+                                 f"{self.draft_path} has a reduced one (use method 'draft')")
         if kind == "model" and hasattr(policy, "stop"):  # SVIP / Kangaroo stop token by token
             from specgen.modalities.tree_drafter import StoppingModelDrafter
 
             return StoppingModelDrafter(self.draft_model, processing, policy,
                                         target_vocab_size=self.model.config.vocab_size)
         if kind == "model":
-            return ModelDrafter(self.draft_model, processing, target_vocab_size=self.model.config.vocab_size)
+            draft, reduced = self.draft_model, self.draft_vocab_ids  # the draft loads its vocab_ids first
+            return ModelDrafter(draft, processing, target_vocab_size=self.model.config.vocab_size, vocab_ids=reduced,
+                                unknown_id=0 if reduced is None else len(reduced))
         if kind == "ngram":
             return PromptLookupDrafter(knobs["max_matching_ngram_size"])
         if kind is not None and kind.startswith("tree-"):

@@ -77,16 +77,17 @@ def test_shipped_tokenizer_round_trips_code():
     assert len({tok.bos_token_id, tok.eos_token_id, tok.pad_token_id}) == 3
 
 
-def test_specgen_train_draft_two_steps_then_resumes(tmp_path, capsys):
-    """The CLI path: two steps on a few corpus files, a checkpoint and an export; a rerun resumes."""
+def test_specgen_train_text_one_step_then_resumes(tmp_path, capsys):
+    """The CLI path of the target's trainer: a step on a few corpus files, a checkpoint and an export; a rerun
+    resumes. (`specgen train draft`, the distillation toolkit, is tested in test_distill.py.)"""
     import json
 
     from specgen.app.cli import main
 
     out = tmp_path / "run"
-    assert main(["train", "draft", "--steps", "2", "--out", str(out), "--max-files", "20"]) == 0
+    assert main(["train", "text", "--steps", "1", "--out", str(out), "--max-files", "20"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["role"] == "draft" and summary["steps"] == 2
-    assert (out / "export" / "draft" / "model.safetensors").exists()
-    assert main(["train", "draft", "--steps", "3", "--out", str(out), "--max-files", "20"]) == 0
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 3
+    assert summary["role"] == "target" and summary["steps"] == 1
+    assert (out / "export" / "target" / "model.safetensors").exists()
+    assert main(["train", "text", "--steps", "2", "--out", str(out), "--max-files", "20"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 2

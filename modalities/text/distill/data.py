@@ -1,0 +1,123 @@
+"""Training windows for draft distillation: a prompt followed by a continuation that the loss covers.
+
+Every window is `prompt_len` tokens of real text and `new_tokens` tokens of continuation, and only the positions
+predicting the continuation carry a loss, so all data sources give the same tokens-with-gradient per window:
+- `corpus`: the continuation is the real text that followed (a fixed corpus);
+- `target`: the target's own samples at the decoding temperature (generated once, cached, resumable);
+- `draft`: on-policy samples from the draft being trained, drawn fresh every step (DistillSpec).
+Prompts come from the code corpus (train split for training, validation split for evaluation) at starts chosen
+by a seed, so a data set is a pure function of (corpus, tokenizer, seed, sizes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SOURCES = ("corpus", "target", "draft", "mix")
+
+
+@dataclass(frozen=True)
+class Windows:
+    tokens: np.ndarray  # [n, prompt_len + new_tokens] int64 target ids
+    prompt_len: int
+
+    @property
+    def loss_mask(self) -> np.ndarray:
+        """[n, length - 1] bool: input positions whose next token is a continuation token."""
+        mask = np.zeros((len(self.tokens), self.tokens.shape[1] - 1), dtype=bool)
+        mask[:, self.prompt_len - 1:] = True
+        return mask
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def model_sha256(folder: str | Path) -> str:
+    """A short identity of a saved model folder (its weights and config), for cache keys."""
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(folder)):
+        if name.endswith((".safetensors", ".json", ".bin")):
+            digest.update(name.encode() + bytes.fromhex(file_sha256(Path(folder) / name)))
+    return digest.hexdigest()[:16]
+
+
+def corpus_stream(tokenizer, split: str, max_files: int | None, cache: Path) -> np.ndarray:
+    """The corpus split as one token stream (each file <bos> text <eos>), cached per corpus and tokenizer."""
+    from specgen.modalities.text.corpus import load_corpus
+
+    corpus = load_corpus(max_files=max_files)
+    key = hashlib.sha256(json.dumps([corpus.sha256, tokenizer.backend_tokenizer.to_str()]).encode()).hexdigest()[:16]
+    path = cache / f"stream-{split}-{key}.npy"
+    if not path.exists():
+        encoded = tokenizer.backend_tokenizer.encode_batch(corpus.texts(split), add_special_tokens=False)
+        stream = np.fromiter((i for e in encoded for i in (tokenizer.bos_token_id, *e.ids, tokenizer.eos_token_id)),
+                             dtype=np.uint16)
+        _save_atomic(path, stream)
+    return np.load(path)
+
+
+def corpus_windows(stream: np.ndarray, count: int, prompt_len: int, new_tokens: int, seed: int) -> Windows:
+    """`count` windows of real text at starts drawn by `seed`."""
+    length = prompt_len + new_tokens
+    if len(stream) <= length:
+        raise ValueError(f"the corpus has {len(stream)} tokens, fewer than one window of {length + 1}")
+    starts = np.random.default_rng(seed).integers(0, len(stream) - length, size=count)
+    return Windows(np.stack([stream[s:s + length] for s in starts]).astype(np.int64), prompt_len)
+
+
+@torch.no_grad()
+def sample_continuations(model, prompts: torch.Tensor, new_tokens: int, temperature: float,
+                         seed: int) -> torch.Tensor:
+    """[n, prompt_len + new_tokens]: `model` continues each prompt for exactly `new_tokens` tokens (ancestral
+    sampling at `temperature`, or greedy at 0; end-of-text does not stop it), reproducibly from `seed`."""
+    was_training = model.training
+    model.eval()
+    generator = torch.Generator().manual_seed(seed)
+    tokens, cache = prompts, None
+    feed = prompts
+    out = []
+    for _ in range(new_tokens):
+        result = model(input_ids=feed, cache=cache, use_cache=True)
+        cache, logits = result.cache, result.logits[:, -1].float()  # [n, vocab]
+        if temperature == 0:
+            nxt = logits.argmax(-1)
+        else:
+            nxt = torch.multinomial((logits / temperature).softmax(-1), 1, generator=generator)[:, 0]
+        out.append(nxt)
+        feed = nxt[:, None]
+    model.train(was_training)
+    return torch.cat([tokens, torch.stack(out, 1)], 1)
+
+
+def target_windows(target, prompts: Windows, new_tokens: int, temperature: float, seed: int, folder: Path,
+                   chunk: int = 32, progress=None) -> Windows:
+    """The target's own continuations of `prompts`, generated chunk by chunk into `folder` (a killed run
+    resumes at the first missing chunk; each chunk is seeded by (seed, chunk index))."""
+    folder.mkdir(parents=True, exist_ok=True)
+    heads = torch.from_numpy(prompts.tokens[:, :prompts.prompt_len])
+    parts = []
+    for index, start in enumerate(range(0, len(heads), chunk)):
+        path = folder / f"chunk-{index:05d}.npy"
+        if not path.exists():
+            rows = sample_continuations(target, heads[start:start + chunk], new_tokens, temperature,
+                                        seed=seed * 100_003 + index)
+            _save_atomic(path, rows.numpy())
+        parts.append(np.load(path))
+        if progress is not None:
+            progress(len(heads[:start + chunk]), len(heads))
+    return Windows(np.concatenate(parts).astype(np.int64), prompts.prompt_len)
+
+
+def _save_atomic(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:  # a file object: np.save would append ".npy" to the tmp name
+        np.save(f, array)
+    os.replace(tmp, path)

@@ -1,0 +1,84 @@
+"""How well a draft agrees with its target: teacher-forced on held-out target samples, and in real decoding.
+
+- α (teacher-forced, at the decoding temperature) = mean over positions of Σ_v min(target(v), draft(v)), the
+  acceptance probability of one drafted token under exact speculative sampling (1 − total variation);
+- greedy agreement = how often the two argmaxes match (the acceptance rate of greedy decoding);
+- forward KL(target ‖ draft).
+Held-out prompts come from the validation split; their continuations are the target's own samples, which is the
+context a draft meets while decoding. A reduced-vocabulary draft puts zero mass outside its vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specgen.modalities.text.distill.data import Windows, corpus_stream, corpus_windows, target_windows
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    windows: Windows
+    target_logp: torch.Tensor  # [positions, vocab] float32 log-probabilities at the masked positions, in order
+    temperature: float
+
+
+def heldout_set(target, tokenizer, cache: Path, *, count: int = 128, prompt_len: int = 32, new_tokens: int = 64,
+                temperature: float = 1.0, seed: int = 1, max_files: int | None = None) -> HeldOut:
+    stream = corpus_stream(tokenizer, "val", max_files, cache)
+    prompts = corpus_windows(stream, count, prompt_len, new_tokens, seed)
+    folder = cache / f"heldout-t{temperature:g}-n{count}-p{prompt_len}-c{new_tokens}-s{seed}"
+    windows = target_windows(target, prompts, new_tokens, temperature, seed, folder)
+    with torch.no_grad():
+        inputs = torch.from_numpy(windows.tokens[:, :-1])
+        logits = torch.cat([target(input_ids=inputs[i:i + 16]).logits.float() for i in range(0, len(inputs), 16)])
+    mask = torch.from_numpy(windows.loss_mask)
+    scale = temperature if temperature > 0 else 1.0
+    return HeldOut(windows, torch.log_softmax(logits[mask] / scale, -1), temperature)
+
+
+@torch.no_grad()
+def teacher_forced(draft, heldout: HeldOut, vocab_ids: torch.Tensor | None = None, to_draft=None,
+                   batch_size: int = 16) -> dict:
+    """α, greedy agreement and KL(target ‖ draft) of `draft` on `heldout` (a reduced draft reads target ids
+    through `to_draft` and spreads its law back onto `vocab_ids`)."""
+    was_training = draft.training
+    draft.eval()
+    inputs = torch.from_numpy(heldout.windows.tokens[:, :-1])
+    if to_draft is not None:
+        inputs = to_draft[inputs]
+    logits = torch.cat([draft(input_ids=inputs[i:i + batch_size]).logits.float()
+                        for i in range(0, len(inputs), batch_size)])
+    draft.train(was_training)
+    logits = logits[torch.from_numpy(heldout.windows.loss_mask)]  # [positions, draft_vocab]
+    scale = heldout.temperature if heldout.temperature > 0 else 1.0
+    if vocab_ids is None:
+        draft_logp = torch.log_softmax(logits / scale, -1)
+    else:
+        inside = torch.log_softmax(logits[:, :len(vocab_ids)] / scale, -1)
+        draft_logp = torch.full_like(heldout.target_logp, float("-inf"))
+        draft_logp[:, vocab_ids] = inside
+    target_probs, draft_probs = heldout.target_logp.exp(), draft_logp.exp()
+    fkl = (target_probs * (heldout.target_logp - draft_logp.clamp(min=-1e4))).sum(-1)
+    return {"alpha": float(torch.minimum(target_probs, draft_probs).sum(-1).mean()),
+            "greedy_agreement": float((heldout.target_logp.argmax(-1) == draft_logp.argmax(-1)).float().mean()),
+            "fkl": float(fkl.mean()), "positions": int(len(target_probs))}
+
+
+def speculative_alpha(generator, prompts: list[str], *, temperature: float, num_draft_tokens: int = 4,
+                      max_new_tokens: int = 64, seed: int = 0) -> dict:
+    """Acceptance in real speculative decoding with `generator`'s current draft, pooled over `prompts`."""
+    drafted = accepted = rejections = steps = committed = 0
+    for i, prompt in enumerate(prompts):
+        result = generator.generate(prompt, method="draft", temperature=temperature, seed=seed + i,
+                                    max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens)
+        stats = result.stats
+        drafted += stats["drafted"]
+        accepted += stats["accepted"]
+        rejections += stats["rejections"]
+        steps += stats["steps"]
+        committed += stats["committed"]
+    return {"acceptance_rate": accepted / max(drafted, 1), "alpha_hat": accepted / max(accepted + rejections, 1),
+            "tau": committed / max(steps, 1), "steps": steps, "prompts": len(prompts)}

@@ -1,0 +1,435 @@
+"""`specgen train draft`: distil a draft from its target, resumably.
+
+One step: take a batch of windows (fixed corpus, target samples or fresh on-policy draft samples, or a mix),
+look up (or compute) the target's law at the continuation positions, and minimise the chosen divergence between
+it and the draft's law there — or plain cross-entropy on the text, the baseline distillation must beat. AdaSPEC
+keeps only the tokens where the draft trails a reference draft the most. Everything a step uses is a pure
+function of (seed, step) and the weights, so a run killed at any point resumes onto exactly the batches and
+samples it would have seen, and ends where an uninterrupted run ends.
+
+Run folder: `run.json` (settings), `checkpoint.pt` (model, optimizer, RNG, step), `metrics.jsonl`, and at the
+end `export/` (fp16 safetensors, `vocab_ids.json` for a reduced vocabulary, tokenizer, README.md model card).
+Data and teacher caches are keyed by their inputs and shared between runs (`cache_dir`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from specgen.errors import InvalidRequest
+from specgen.modalities.text.distill import data as data_mod
+from specgen.modalities.text.distill.divergences import (DIVERGENCES, adaspec_keep, draft_buckets, token_divergence)
+from specgen.modalities.text.distill.teacher import (TeacherCache, frequent_vocab, score_windows, shrink_vocab,
+                                                     target_top_k)
+
+LOSSES = ("ce", *DIVERGENCES)
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    out: str
+    target: str | None = None  # default: the shipped code target
+    init: str | None = None  # a model folder, "scratch", or "prune:N" (the target less its N-layer block)
+    loss: str = "fkl"  # ce | fkl | rkl | jsd | tvd
+    beta: float = 0.5  # JSD's mixing weight
+    data: str = "target"  # corpus | target | draft | mix
+    mix_fraction: float = 0.5  # with data=mix: the share of each batch sampled on-policy (the rest: target samples)
+    adaspec: float | None = None  # keep fraction k (AdaSPEC); needs `reference`
+    reference: str | None = None  # the reference draft folder for AdaSPEC (a forward-KL distilled draft)
+    vocab_size: int | None = None  # reduced draft vocabulary: the N most frequent tokens of target samples
+    steps: int = 300
+    batch_size: int = 16
+    prompt_len: int = 32
+    new_tokens: int = 64
+    windows: int = 1024  # size of the fixed data set (corpus or target samples)
+    lr: float = 1e-3
+    warmup: int = 20
+    top_k: int = 64  # teacher log-probabilities kept per position
+    temperature: float = 1.0  # the decoding temperature the draft is distilled for
+    seed: int = 0
+    data_seed: int = 0  # which windows form the data set (shared by runs that should see the same data)
+    threads: int = 1
+    max_files: int | None = None
+    checkpoint_minutes: float = 5.0
+    eval_windows: int = 128
+    cache_dir: str | None = None
+
+    def check(self) -> None:
+        if self.loss not in LOSSES:
+            raise InvalidRequest(f"loss must be one of {', '.join(LOSSES)}, not {self.loss!r}")
+        if self.data not in data_mod.SOURCES:
+            raise InvalidRequest(f"data must be one of {', '.join(data_mod.SOURCES)}, not {self.data!r}")
+        if self.adaspec is not None and not (0 < self.adaspec <= 1 and self.reference):
+            raise InvalidRequest("AdaSPEC needs a keep fraction in (0, 1] and a reference draft (--reference)")
+        if self.adaspec is not None and self.loss == "ce":
+            raise InvalidRequest("AdaSPEC selects tokens by divergence from the target; use a divergence loss")
+        if self.vocab_size is not None and self.data in ("draft", "mix"):
+            raise InvalidRequest("on-policy data is not supported with a reduced vocabulary")
+        if min(self.steps, self.batch_size, self.prompt_len, self.new_tokens, self.windows, self.top_k) < 1:
+            raise InvalidRequest("steps, batch size, prompt and continuation lengths, windows and top-k must be >= 1")
+        if not self.temperature > 0:
+            raise InvalidRequest("distillation needs a temperature > 0 (the draft's law at temperature 0 is a point)")
+
+
+# settings a resumed run must share with its checkpoint
+FIXED = ("target", "init", "loss", "beta", "data", "mix_fraction", "adaspec", "reference", "vocab_size", "steps",
+         "batch_size", "prompt_len", "new_tokens", "windows", "lr", "warmup", "top_k", "temperature", "seed",
+         "data_seed", "max_files")
+
+
+def command_line(cfg: DistillConfig) -> str:
+    flags = {"target": "--target", "init": "--init", "loss": "--loss", "data": "--data", "adaspec": "--adaspec",
+             "reference": "--reference", "vocab_size": "--vocab-size", "steps": "--steps", "seed": "--seed",
+             "data_seed": "--data-seed", "batch_size": "--batch-size", "lr": "--lr", "top_k": "--top-k",
+             "temperature": "--temperature", "windows": "--windows", "max_files": "--max-files"}
+    parts = ["specgen train draft", f"--out {cfg.out}"]
+    defaults = DistillConfig(out="")
+    for name, flag in flags.items():
+        value = getattr(cfg, name)
+        if value is not None and value != getattr(defaults, name):
+            parts.append(f"{flag} {value}")
+    if cfg.loss == "jsd":
+        parts.append(f"--beta {cfg.beta}")
+    if cfg.data == "mix":
+        parts.append(f"--mix-fraction {cfg.mix_fraction}")
+    return " ".join(parts)
+
+
+def _lr_at(step: int, cfg: DistillConfig) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))  # cosine down to 10 %
+
+
+def _step_seed(seed: int, step: int) -> int:
+    return (seed * 1_000_003 + step) % (2 ** 63)
+
+
+def _load(path: str):
+    from specgen.modalities.text.generator import load_causal_lm
+
+    return load_causal_lm(path)
+
+
+def _init_draft(cfg: DistillConfig, target, tokenizer, calibration: np.ndarray):
+    """The model training starts from, and (for "prune:N") the pruning report."""
+    from specgen.modalities.text.generator import default_models
+
+    spec = cfg.init or default_models()[1]
+    if spec == "scratch":
+        from specgen.modalities.text.models import build_model
+
+        torch.manual_seed(cfg.seed)
+        return build_model("draft", tokenizer), None
+    if spec.startswith("prune:"):
+        from specgen.modalities.text.distill.prune import drop_layers, prune_report
+
+        try:
+            count = int(spec.split(":", 1)[1])
+        except ValueError:
+            raise InvalidRequest(f"--init prune:N needs a layer count, got {spec!r}") from None
+        report = prune_report(target, torch.from_numpy(calibration), count)
+        return drop_layers(target, report["start"], count), report
+    return _load(spec), None
+
+
+def _data_key(cfg: DistillConfig) -> str:
+    return f"t{cfg.temperature:g}-n{cfg.windows}-p{cfg.prompt_len}-c{cfg.new_tokens}-s{cfg.data_seed}"
+
+
+def _prompts(cfg: DistillConfig, tokenizer, cache: Path) -> data_mod.Windows:
+    stream = data_mod.corpus_stream(tokenizer, "train", cfg.max_files, cache)
+    return data_mod.corpus_windows(stream, cfg.windows, cfg.prompt_len, cfg.new_tokens, cfg.data_seed)
+
+
+def _target_samples(cfg: DistillConfig, target, prompts: data_mod.Windows, cache: Path) -> data_mod.Windows:
+    return data_mod.target_windows(target, prompts, cfg.new_tokens, cfg.temperature, cfg.data_seed,
+                                   cache / f"samples-{_data_key(cfg)}")
+
+
+class _Data:
+    """Batches of (tokens [b, length], teacher) for a step, as a pure function of (seed, step) and the draft."""
+
+    def __init__(self, cfg: DistillConfig, target, tokenizer, cache: Path, vocab_ids, say):
+        self.cfg, self.target, self.vocab_ids = cfg, target, vocab_ids
+        self.prompts = prompts = _prompts(cfg, tokenizer, cache)
+        self.fixed, self.teacher = None, None
+        if cfg.data in ("corpus", "target", "mix"):
+            key = _data_key(cfg)
+            if cfg.data == "corpus":
+                self.fixed = prompts
+            else:
+                say(f"target samples for {cfg.windows} prompts (cached in {cache})")
+                self.fixed = _target_samples(cfg, target, prompts, cache)
+            vocab_key = "full" if vocab_ids is None else "v" + hashlib.sha256(vocab_ids.numpy().tobytes()).hexdigest()[:12]
+            path = cache / f"teacher-{cfg.data if cfg.data == 'corpus' else 'target'}-{key}-k{cfg.top_k}-{vocab_key}.npz"
+            if not path.exists():
+                say(f"scoring {cfg.windows} windows with the target (top-{cfg.top_k} cache: {path.name})")
+                score_windows(target, self.fixed.tokens, cfg.top_k, cfg.temperature, vocab_ids).save(path)
+            self.teacher = TeacherCache.load(path)
+
+    def _rows(self, step: int, count: int) -> np.ndarray:
+        """Dataset rows for a step: consecutive slices of a per-epoch permutation keyed by (seed, epoch)."""
+        n = len(self.fixed.tokens)
+        first = step * count
+        rows = []
+        for i in range(first, first + count):
+            epoch, offset = divmod(i, n)
+            rows.append(np.random.default_rng((self.cfg.seed, epoch)).permutation(n)[offset])
+        return np.array(rows)
+
+    def batch(self, step: int, draft):
+        cfg = self.cfg
+        on_policy = {"draft": cfg.batch_size, "mix": round(cfg.batch_size * cfg.mix_fraction)}.get(cfg.data, 0)
+        fixed_rows = self._rows(step, cfg.batch_size - on_policy) if cfg.batch_size > on_policy else np.array([], int)
+        mask = np.zeros((cfg.batch_size, cfg.prompt_len + cfg.new_tokens - 1), dtype=bool)
+        mask[:, cfg.prompt_len - 1:] = True
+        parts, teachers = [], []
+        if len(fixed_rows):
+            parts.append(torch.from_numpy(self.fixed.tokens[fixed_rows]))
+            teachers.append(self.teacher.select(fixed_rows, mask[:len(fixed_rows)]))
+        if on_policy:
+            starts = np.random.default_rng(_step_seed(cfg.seed, step)).integers(0, len(self.prompts.tokens), on_policy)
+            heads = torch.from_numpy(self.prompts.tokens[starts, :cfg.prompt_len])
+            sampled = data_mod.sample_continuations(draft, heads, cfg.new_tokens, cfg.temperature,
+                                                    seed=_step_seed(cfg.seed, step))
+            teacher, _ = target_top_k(self.target, sampled[:, :-1], cfg.top_k, cfg.temperature)
+            keep = torch.from_numpy(mask[:on_policy].reshape(-1))
+            teachers.append(type(teacher)(teacher.top_ids[keep], teacher.top_logp[keep], teacher.tail_logp[keep]))
+            parts.append(sampled)
+        tokens = torch.cat(parts)
+        teacher = teachers[0] if len(teachers) == 1 else type(teachers[0])(
+            *(torch.cat([getattr(t, f.name) for t in teachers]) for f in dataclasses.fields(teachers[0])))
+        return tokens, torch.from_numpy(mask), teacher
+
+
+def _draft_logits(model, tokens: torch.Tensor, to_draft, vocab: int | None) -> torch.Tensor:
+    inputs = tokens[:, :-1] if to_draft is None else to_draft[tokens[:, :-1]]
+    logits = model(input_ids=inputs).logits.float()  # [b, length - 1, draft_vocab]
+    return logits if vocab is None else logits[..., :vocab]  # the <unk> row is never proposed
+
+
+def step_loss(cfg: DistillConfig, draft, reference, tokens, mask, teacher, to_draft=None, vocab_ids=None):
+    """(loss, logged numbers) for one batch: tokens [b, length], mask [b, length - 1], teacher at the masked
+    positions in order."""
+    vocab = None if vocab_ids is None else len(vocab_ids)
+    logits = _draft_logits(draft, tokens, to_draft, vocab)[mask]  # [positions, draft_vocab]
+    if cfg.loss == "ce":
+        labels = tokens[:, 1:][mask]
+        if to_draft is not None:  # text tokens outside a reduced vocabulary cannot be learnt
+            labels = torch.where(torch.isin(labels, vocab_ids), to_draft[labels], -100)
+        return F.cross_entropy(logits, labels, ignore_index=-100), {}
+    draft_logp = draft_buckets(logits, teacher, cfg.temperature)
+    target_logp = teacher.buckets()
+    per_token = token_divergence(cfg.loss, target_logp, draft_logp, cfg.beta)  # [positions]
+    logged = {"tvd": float(token_divergence("tvd", target_logp, draft_logp.detach()).mean())}
+    if reference is None:
+        return per_token.mean(), logged
+    with torch.no_grad():
+        reference_logp = draft_buckets(_draft_logits(reference, tokens, to_draft, vocab)[mask], teacher,
+                                       cfg.temperature)
+    gap_draft = per_token if cfg.loss == "fkl" else token_divergence("fkl", target_logp, draft_logp)
+    keep = adaspec_keep(gap_draft, token_divergence("fkl", target_logp, reference_logp), cfg.adaspec)
+    logged["kept"] = float(keep.float().mean())
+    return per_token[keep].mean(), logged
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def train_draft(cfg: DistillConfig, *, stop_after: int | None = None, say=_say) -> dict:
+    """Run (or resume) the distillation `cfg` describes; returns the summary also written to `training.json`.
+    `stop_after` ends the process's work after that many steps (tests use it to simulate a kill)."""
+    from tqdm import tqdm
+
+    from specgen.modalities.assets import cache_dir
+    from specgen.modalities.text.distill.evaluate import heldout_set, teacher_forced
+    from specgen.modalities.text.generator import default_models, load_tokenizer
+
+    cfg.check()
+    torch.set_num_threads(cfg.threads)
+    run_dir = Path(cfg.out)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    target_path = cfg.target or default_models()[0]
+    target = _load(target_path)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    tokenizer = load_tokenizer(target_path)
+    cache = Path(cfg.cache_dir) if cfg.cache_dir else cache_dir() / "distill" / data_mod.model_sha256(target_path)
+    cache.mkdir(parents=True, exist_ok=True)
+
+    vocab_ids = None
+    if cfg.vocab_size is not None:  # frequency in the target's own samples (computed before any teacher cache)
+        samples = _target_samples(cfg, target, _prompts(cfg, tokenizer, cache), cache)
+        specials = (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id)
+        ids = frequent_vocab([samples.tokens[:, cfg.prompt_len:]], cfg.vocab_size,
+                             always=tuple(dict.fromkeys(i for i in specials if i is not None)))
+        vocab_ids = torch.from_numpy(ids)
+    data = _Data(cfg, target, tokenizer, cache, vocab_ids, say)
+
+    draft, prune = _init_draft(cfg, target, tokenizer, data.prompts.tokens[:256, :cfg.prompt_len])
+    to_draft = None
+    if vocab_ids is not None:
+        shrink_vocab(draft, vocab_ids)
+        to_draft = torch.full((target.config.vocab_size,), len(vocab_ids), dtype=torch.long)
+        to_draft[vocab_ids] = torch.arange(len(vocab_ids))
+    draft = draft.float().train()
+    reference = None
+    if cfg.adaspec is not None:
+        reference = _load(cfg.reference)
+        if vocab_ids is not None:
+            ref_vocab = Path(cfg.reference) / "vocab_ids.json"
+            if not ref_vocab.exists() or json.loads(ref_vocab.read_text()) != vocab_ids.tolist():
+                raise InvalidRequest("the AdaSPEC reference must use the same reduced vocabulary as the draft")
+        for p in reference.parameters():
+            p.requires_grad_(False)
+
+    # no weight decay: distillation starts from a trained draft and should not pull it towards zero
+    opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    ckpt_path, metrics_path = run_dir / "checkpoint.pt", run_dir / "metrics.jsonl"
+    state = {"step": 0, "elapsed_s": 0.0, "recent": [], "resumed_from": []}
+    settings = dataclasses.asdict(cfg)
+    if ckpt_path.exists():
+        ckpt = torch.load(ckpt_path, weights_only=True)
+        changed = [k for k in FIXED if ckpt["config"].get(k) != settings[k]]
+        if changed:
+            raise InvalidRequest(f"{ckpt_path} was made with different settings ({', '.join(changed)}); "
+                                 "use a new --out folder to start over")
+        draft.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        state = ckpt["state"]
+        state["resumed_from"].append(state["step"])
+        if metrics_path.exists():  # steps logged after the checkpoint are redone
+            kept = [line for line in metrics_path.read_text().splitlines() if json.loads(line)["step"] <= state["step"]]
+            metrics_path.write_text("".join(f"{line}\n" for line in kept))
+    elif metrics_path.exists():
+        metrics_path.unlink()
+    (run_dir / "run.json").write_text(json.dumps({**settings, "command": command_line(cfg)}, indent=1))
+
+    def checkpoint():
+        blob = {"model": draft.state_dict(), "optimizer": opt.state_dict(), "config": settings, "state": state}
+        tmp = ckpt_path.with_name(ckpt_path.name + ".tmp")
+        torch.save(blob, tmp)
+        os.replace(tmp, ckpt_path)
+
+    started = last_ckpt = time.monotonic()
+    elapsed0, done_here = state["elapsed_s"], 0
+    bar = tqdm(total=cfg.steps, initial=state["step"], desc=f"distil draft ({cfg.loss}, {cfg.data})", file=sys.stderr,
+               dynamic_ncols=True, mininterval=1 if sys.stderr.isatty() else 30)
+    while state["step"] < cfg.steps:
+        if stop_after is not None and done_here >= stop_after:
+            checkpoint()
+            bar.close()
+            return {"stopped_at": state["step"]}
+        step = state["step"]
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, cfg)
+        tokens, mask, teacher = data.batch(step, draft)
+        loss, logged = step_loss(cfg, draft, reference, tokens, mask, teacher, to_draft, vocab_ids)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        if not math.isfinite(loss.item()):
+            raise FloatingPointError(f"the {cfg.loss} loss is {loss.item()} at step {step}")
+        state["step"], done_here = step + 1, done_here + 1
+        state["recent"] = (state["recent"] + [loss.item()])[-50:]
+        state["elapsed_s"] = elapsed0 + time.monotonic() - started
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
+        with open(metrics_path, "a") as f:
+            f.write(json.dumps({"step": state["step"], "loss": loss.item(), "lr": group["lr"], **logged}) + "\n")
+        if time.monotonic() - last_ckpt >= cfg.checkpoint_minutes * 60 or state["step"] == cfg.steps:
+            checkpoint()
+            last_ckpt = time.monotonic()
+    bar.close()
+
+    say("evaluating on held-out target samples")
+    heldout = heldout_set(target, tokenizer, cache, count=cfg.eval_windows, prompt_len=cfg.prompt_len,
+                          new_tokens=cfg.new_tokens, temperature=cfg.temperature, max_files=cfg.max_files)
+    agreement = teacher_forced(draft, heldout, vocab_ids, to_draft)
+    summary = {"command": command_line(cfg), "config": settings, "target": target_path,
+               "params": sum(p.numel() for p in draft.parameters()), "steps": state["step"],
+               "tokens_with_gradient": state["step"] * cfg.batch_size * cfg.new_tokens,
+               "final_loss": sum(state["recent"]) / max(len(state["recent"]), 1), "wall_s": round(state["elapsed_s"], 1),
+               "resumed_from_steps": state["resumed_from"], "heldout": agreement}
+    if vocab_ids is not None:
+        summary["coverage"] = {"train": float(data.teacher.coverage[:, cfg.prompt_len - 1:].mean()),
+                               "heldout": _coverage(heldout, vocab_ids), "vocab_size": len(vocab_ids)}
+    if prune is not None:
+        summary["prune"] = prune
+    (run_dir / "training.json").write_text(json.dumps(summary, indent=1))
+    export(draft, run_dir / "export", target_path, vocab_ids, summary)
+    return summary
+
+
+def _coverage(heldout, vocab_ids) -> float:
+    return float(heldout.target_logp[:, vocab_ids].exp().sum(-1).mean())
+
+
+def export(draft, folder: Path, target_path: str, vocab_ids, summary: dict) -> Path:
+    """fp16 weights, `vocab_ids.json` for a reduced vocabulary, the target's tokenizer and a model card."""
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    copy.deepcopy(draft).half().save_pretrained(tmp)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        for source in (Path(target_path) / name, Path(target_path).parent / name):
+            if source.exists():
+                shutil.copy(source, tmp / name)
+                break
+    if vocab_ids is not None:
+        (tmp / "vocab_ids.json").write_text(json.dumps(vocab_ids.tolist()))
+    (tmp / "training.json").write_text(json.dumps(summary, indent=1))
+    (tmp / "README.md").write_text(model_card(summary))
+    for path in tmp.iterdir():
+        path.chmod(0o644)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)
+    return folder
+
+
+def model_card(summary: dict) -> str:
+    cfg, heldout = summary["config"], summary["heldout"]
+    loss = {"ce": "cross-entropy on the text (no teacher)", "fkl": "forward KL(target ‖ draft)",
+            "rkl": "reverse KL(draft ‖ target)", "jsd": f"JSD(β = {cfg['beta']})",
+            "tvd": "total variation"}[cfg["loss"]]
+    if cfg["adaspec"] is not None:
+        loss += f", AdaSPEC token selection (keep {cfg['adaspec']:g}, reference `{cfg['reference']}`)"
+    lines = [f"# Draft distilled from `{summary['target']}`", "",
+             f"- Loss: {loss}; data: {cfg['data']} ({cfg['windows']} prompts of {cfg['prompt_len']} tokens, "
+             f"{cfg['new_tokens']} continuation tokens with a loss each), temperature {cfg['temperature']:g}, "
+             f"top-{cfg['top_k']} teacher cache.",
+             f"- Start: `{cfg['init'] or 'the shipped draft'}`; {summary['params']:,} parameters, stored fp16.",
+             f"- {summary['steps']} AdamW steps × {cfg['batch_size']} windows, peak lr {cfg['lr']:g} "
+             f"({cfg['warmup']} warm-up steps, cosine to 10 %), seed {cfg['seed']}, data seed {cfg['data_seed']}; "
+             f"{summary['tokens_with_gradient']:,} tokens with a loss; {summary['wall_s']} s.",
+             f"- Held-out ({heldout['positions']} positions of target samples, validation prompts): "
+             f"**α = {heldout['alpha']:.4f}** (Σ min(target, draft)), greedy agreement "
+             f"{heldout['greedy_agreement']:.4f}, KL(target ‖ draft) {heldout['fkl']:.4f}."]
+    if "coverage" in summary:
+        cov = summary["coverage"]
+        lines.append(f"- Reduced vocabulary: {cov['vocab_size']} tokens (`vocab_ids.json`, target ids); target "
+                     f"mass inside it (the ceiling on α): {cov['train']:.4f} on training samples, "
+                     f"{cov['heldout']:.4f} held out.")
+    if "prune" in summary:
+        prune = summary["prune"]
+        lines.append(f"- Pruned from the target: layers {prune['start']}..{prune['start'] + prune['block'] - 1} "
+                     f"dropped (least angular distance; distances {[round(d, 4) for d in prune['distances']]}).")
+    lines += ["", "Command:", "", "```", summary["command"], "```", ""]
+    return "\n".join(lines)

@@ -1,0 +1,200 @@
+"""Draft distillation: divergences against dense references, the compact teacher, AdaSPEC's filter, reduced
+vocabularies (exact decoding with them), and the trainer's learning and exact resume."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from specgen.modalities.text.distill.divergences import (adaspec_keep, draft_buckets, teacher_top_k,
+                                                         token_divergence)
+from specgen.modalities.text.distill.teacher import frequent_vocab, restrict, shrink_vocab
+from tests.tiny_models import save_tiny_pair
+
+
+def _laws(seed=0, n=6, vocab=11):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, vocab, generator=g, dtype=torch.float64) * 2, torch.randn(n, vocab, generator=g,
+                                                                                 dtype=torch.float64) * 2
+
+
+def _dense(kind, target_logits, draft_logits, beta=0.5):
+    p, q = target_logits.softmax(-1), draft_logits.softmax(-1)
+    kl = lambda a, b: (a * (a.log() - b.log())).sum(-1)  # noqa: E731
+    m = beta * p + (1 - beta) * q
+    return {"fkl": kl(p, q), "rkl": kl(q, p), "jsd": beta * kl(p, m) + (1 - beta) * kl(q, m),
+            "tvd": 0.5 * (p - q).abs().sum(-1)}[kind]
+
+
+@pytest.mark.parametrize("kind", ["fkl", "rkl", "jsd", "tvd"])
+def test_divergences_match_dense_formulas_when_k_covers_the_vocabulary(kind):
+    target_logits, draft_logits = _laws()
+    teacher = teacher_top_k(target_logits, k=11)
+    assert torch.isinf(teacher.tail_logp).all()
+    got = token_divergence(kind, teacher.buckets(), draft_buckets(draft_logits, teacher), beta=0.3)
+    torch.testing.assert_close(got.double(), _dense(kind, target_logits, draft_logits, beta=0.3), rtol=1e-4, atol=1e-5)
+    same = token_divergence(kind, teacher.buckets(), draft_buckets(target_logits, teacher))
+    assert same.abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("kind", ["fkl", "rkl", "jsd", "tvd"])
+def test_top_k_buckets_never_overstate_a_divergence(kind):
+    """Merging tokens into a tail bucket can only lose information (data processing), with an exact tail mass."""
+    target_logits, draft_logits = _laws(seed=3, n=32, vocab=50)
+    teacher = teacher_top_k(target_logits, k=5)
+    tail = torch.log1p(-teacher.top_logp.exp().sum(-1).double())
+    torch.testing.assert_close(teacher.tail_logp.double(), tail, rtol=1e-4, atol=1e-5)
+    bucketed = token_divergence(kind, teacher.buckets(), draft_buckets(draft_logits, teacher))
+    assert (bucketed.double() <= _dense(kind, target_logits, draft_logits) + 1e-5).all()
+    assert (bucketed > 0).all()
+
+
+def test_divergence_gradients_are_finite_and_only_reach_the_draft():
+    target_logits, draft_logits = _laws(seed=5, n=4, vocab=20)
+    draft_logits = draft_logits.float().requires_grad_()
+    target_logits = target_logits.float().requires_grad_()
+    teacher = teacher_top_k(target_logits, k=4)
+    for kind in ("fkl", "rkl", "jsd", "tvd"):
+        draft_logits.grad = None
+        token_divergence(kind, teacher.buckets(), draft_buckets(draft_logits, teacher)).sum().backward()
+        assert torch.isfinite(draft_logits.grad).all() and draft_logits.grad.abs().sum() > 0
+    assert target_logits.grad is None
+    with pytest.raises(ValueError, match="unknown divergence"):
+        token_divergence("kl", teacher.buckets(), teacher.buckets())
+
+
+def test_adaspec_keeps_the_tokens_where_the_draft_trails_the_reference_most():
+    draft = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 0.5, 0.1, 9.0, 1.0, 1.0])
+    reference = torch.tensor([1.0, 0.0, 3.0, 0.0, 5.0, 0.5, 0.1, 8.0, 0.0, 1.0])  # gaps 0 2 0 4 0 0 0 1 1 0
+    keep = adaspec_keep(draft, reference, 0.4)
+    assert keep.tolist() == [False, True, False, True, False, False, False, True, True, False]
+    assert adaspec_keep(draft, reference, 1.0).all()
+    with pytest.raises(ValueError):
+        adaspec_keep(draft, reference, 0.0)
+
+
+def test_restricted_teacher_is_renormalised_and_reports_its_coverage():
+    target_logits = _laws(seed=7, n=3, vocab=9)[0].float()
+    vocab_ids = torch.tensor([0, 4, 5, 8])
+    inside, log_coverage = restrict(target_logits, vocab_ids, temperature=0.7)
+    probs = (target_logits / 0.7).softmax(-1)
+    torch.testing.assert_close(log_coverage.exp(), probs[:, vocab_ids].sum(-1))
+    torch.testing.assert_close((inside / 0.7).softmax(-1), probs[:, vocab_ids] / probs[:, vocab_ids].sum(-1, True))
+
+
+def test_frequent_vocab_puts_specials_first_then_frequency_then_id():
+    tokens = np.array([7, 7, 7, 5, 5, 9, 9, 3, 1, 1, 1, 1])
+    assert frequent_vocab([tokens], 5, always=(0, 1)).tolist() == [0, 1, 7, 5, 9]
+    with pytest.raises(ValueError):
+        frequent_vocab([tokens], 2, always=(0, 1))
+
+
+def test_shrunk_draft_scores_its_vocabulary_exactly_as_before(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    _, draft_path = save_tiny_pair(tmp_path)
+    full = AutoModelForCausalLM.from_pretrained(draft_path, dtype=torch.float64).eval()
+    vocab_ids = torch.tensor([0, 1, 2, 5, 9, 11, 20])
+    small = shrink_vocab(AutoModelForCausalLM.from_pretrained(draft_path, dtype=torch.float64).eval(), vocab_ids)
+    to_draft = torch.full((full.config.vocab_size,), len(vocab_ids))
+    to_draft[vocab_ids] = torch.arange(len(vocab_ids))
+    inputs = vocab_ids[torch.tensor([[0, 3, 4, 5, 6, 3]])]
+    with torch.no_grad():
+        torch.testing.assert_close(small(input_ids=to_draft[inputs]).logits[..., :-1], full(input_ids=inputs).logits[..., vocab_ids])
+    assert small.config.vocab_size == len(vocab_ids) + 1
+
+
+# ---- the trainer on a tiny random pair over a few corpus files ---------------------------------------------------
+
+def _config(tmp_path, out, **overrides):
+    from specgen.modalities.text.distill.trainer import DistillConfig
+
+    target, draft = save_tiny_pair(tmp_path / "models", wide=True) if not (tmp_path / "models").exists() else (
+        str(tmp_path / "models" / "target"), str(tmp_path / "models" / "draft"))
+    settings = dict(out=str(out), target=target, init=draft, steps=4, batch_size=4, prompt_len=8, new_tokens=16,
+                    windows=12, top_k=8, max_files=3, eval_windows=6, cache_dir=str(tmp_path / "cache"), lr=3e-3,
+                    warmup=1)
+    return DistillConfig(**{**settings, **overrides})
+
+
+def _weights(run):
+    from safetensors.torch import load_file
+
+    return load_file(str(run / "export" / "model.safetensors"))
+
+
+@pytest.mark.parametrize("data", ["mix", "target"])
+def test_interrupted_run_resumes_to_the_same_weights(tmp_path, data):
+    from specgen.modalities.text.distill.trainer import train_draft
+
+    quiet = lambda text: None  # noqa: E731
+    whole = train_draft(_config(tmp_path, tmp_path / "whole", data=data), say=quiet)
+    assert train_draft(_config(tmp_path, tmp_path / "cut", data=data), stop_after=2, say=quiet) == {"stopped_at": 2}
+    resumed = train_draft(_config(tmp_path, tmp_path / "cut", data=data), say=quiet)
+    assert resumed["resumed_from_steps"] == [2] and resumed["steps"] == whole["steps"] == 4
+    a, b = _weights(tmp_path / "whole"), _weights(tmp_path / "cut")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(Exception, match="different settings"):
+        train_draft(_config(tmp_path, tmp_path / "cut", data=data, loss="rkl"), say=quiet)
+
+
+def test_distillation_raises_heldout_acceptance(tmp_path):
+    """A learning test that can fail: the held-out α of the distilled draft beats its starting point."""
+    from specgen.modalities.text.distill.trainer import train_draft
+
+    quiet = lambda text: None  # noqa: E731
+    before = train_draft(_config(tmp_path, tmp_path / "none", steps=1, lr=1e-9), say=quiet)["heldout"]["alpha"]
+    after = train_draft(_config(tmp_path, tmp_path / "fkl", steps=40, lr=1e-2), say=quiet)["heldout"]["alpha"]
+    assert after > before + 0.05, (before, after)
+
+
+def test_adaspec_trains_on_the_selected_fraction(tmp_path):
+    from specgen.modalities.text.distill.trainer import train_draft
+
+    quiet = lambda text: None  # noqa: E731
+    train_draft(_config(tmp_path, tmp_path / "ref", steps=3), say=quiet)
+    train_draft(_config(tmp_path, tmp_path / "ada", steps=3, adaspec=0.4, reference=str(tmp_path / "ref" / "export")),
+                say=quiet)
+    kept = [json.loads(line)["kept"] for line in (tmp_path / "ada" / "metrics.jsonl").read_text().splitlines()]
+    assert len(kept) == 3 and all(0.35 <= k <= 0.5 for k in kept)
+
+
+def test_reduced_vocabulary_draft_decodes_exactly(tmp_path):
+    """A draft over the most frequent tokens, mapped into target ids: greedy speculative output equals plain
+    decoding, and it never proposes a token outside its vocabulary."""
+    from specgen.modalities.text.distill.trainer import train_draft
+    from specgen.modalities.text.generator import TextGenerator
+
+    cfg = _config(tmp_path, tmp_path / "small", vocab_size=12, steps=3)
+    summary = train_draft(cfg, say=lambda text: None)
+    export = tmp_path / "small" / "export"
+    vocab_ids = json.loads((export / "vocab_ids.json").read_text())
+    assert len(vocab_ids) == 12 and vocab_ids[:2] == [0, 1]
+    assert 0 < summary["coverage"]["heldout"] < 1 and summary["heldout"]["alpha"] <= summary["coverage"]["heldout"] + 1e-6
+    assert "Reduced vocabulary: 12 tokens" in (export / "README.md").read_text()
+    gen = TextGenerator(cfg.target, str(export))
+    plain = gen.generate("def f(x):", method="ar", max_new_tokens=24).tokens
+    for event in gen.stream("def f(x):", method="draft", max_new_tokens=24, num_draft_tokens=3):
+        pass
+    spec = gen.generate("def f(x):", method="draft", max_new_tokens=24, num_draft_tokens=3)
+    assert spec.tokens == plain and spec.stats["drafted"] > 0
+    sampled = gen.generate("def f(x):", method="draft", max_new_tokens=24, temperature=1.0, seed=3)
+    assert len(sampled.tokens) == 24
+
+
+def test_cli_two_steps_then_resumes_and_rejects_bad_settings(tmp_path, capsys):
+    from specgen.app.cli import main
+
+    cfg = _config(tmp_path, tmp_path / "cli")
+    base = ["train", "draft", "--target", cfg.target, "--init", cfg.init, "--out", cfg.out, "--max-files", "3",
+            "--windows", "8", "--batch-size", "2", "--prompt-len", "8", "--new-tokens", "8", "--top-k", "4",
+            "--eval-windows", "4", "--cache-dir", cfg.cache_dir]
+    assert main([*base, "--steps", "2"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["steps"] == 2 and 0 < summary["heldout"]["alpha"] < 1
+    assert (tmp_path / "cli" / "export" / "model.safetensors").exists()
+    assert main([*base, "--steps", "2"]) == 0  # finished: resumes at its end and re-exports
+    capsys.readouterr()
+    assert main([*base, "--steps", "2", "--adaspec", "0.4"]) == 2
+    assert capsys.readouterr().err.strip().startswith("error: AdaSPEC needs")
