@@ -465,11 +465,14 @@ def run_batch(input_path, output_path, *, engine: str = "local", model: str | No
               draft: str | None = None, threads: int = 1, generator=None, workers: int | None = None,
               progress: bool = True, image_generator=None, image_model: str | None = None,
               image_vq: str | None = None, speech_generator=None, speech_paths: tuple = (None, None, None),
-              video_generator=None, video_model: str | None = None) -> dict:
-    """Validate IN, skip ids already in OUT, run the rest, and return the summary dict."""
+              video_generator=None, video_model: str | None = None, online_draft: int | None = None) -> dict:
+    """Validate IN, skip ids already in OUT, run the rest, and return the summary dict. `online_draft`: update
+    the text draft from its rejections every that many text items (online speculative decoding)."""
     input_path, output_path = Path(input_path), Path(output_path)
     if engine not in ("local", "ray"):
         raise InvalidRequest(f"unknown engine {engine!r}; choose from: local, ray")
+    if online_draft is not None and engine != "local":
+        raise InvalidRequest("--online-draft updates one draft in this process: use --engine local")
     if engine == "ray":
         import importlib.util
 
@@ -495,6 +498,8 @@ def run_batch(input_path, output_path, *, engine: str = "local", model: str | No
     if engine == "local":
         for modality in sorted({r.modality for r in pending if r.modality in RUNNABLE}):
             generators.get(modality)  # a model that cannot load fails the run before anything is written
+        if online_draft is not None and any(r.modality == "text" for r in pending):
+            generators.get("text").learn_online(interval=online_draft)
     summary.load_s = time.perf_counter() - started
     if summary.skipped:
         print(f"batch: {summary.skipped} of {len(requests)} items already in {output_path}, skipping them",
@@ -518,7 +523,7 @@ def batch_command(args) -> int:
     summary = run_batch(args.input, args.output, engine=args.engine, model=getattr(args, "model", None),
                         draft=getattr(args, "draft", None), threads=args.threads,
                         image_model=getattr(args, "image_model", None), image_vq=getattr(args, "image_vq", None),
-                        video_model=getattr(args, "video_model", None),
+                        video_model=getattr(args, "video_model", None), online_draft=getattr(args, "online_draft", None),
                         speech_paths=tuple(getattr(args, f"speech_{part}", None) for part in ("model", "draft", "codec")))
     print(summary_table(summary), file=sys.stderr)
     if getattr(args, "json", False):

@@ -310,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--output", required=True, type=_output_path(), metavar="OUT.jsonl",
                        help="results, one line per request; ids already there are skipped on a rerun")
     batch.add_argument("--engine", choices=("local", "ray"), default="local", help="default: local")
+    batch.add_argument("--online-draft", type=_int_at_least(1), metavar="I",
+                       help="online speculative decoding: update the text draft from its rejections every I items "
+                            "(outputs stay exact; local engine)")
     batch.add_argument("--model", help="text target: a Hugging Face causal LM path or id available offline")
     batch.add_argument("--draft", help="text draft model path or id")
     batch.add_argument("--image-model", metavar="DIR", help="image token model folder (default: the shipped one)")

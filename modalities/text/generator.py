@@ -79,6 +79,7 @@ class TextGenerator:
         self.tokenizer = load_tokenizer(self.model_path)
         self._draft_model = None
         self.draft_vocab_ids: torch.Tensor | None = None  # target ids of a reduced draft vocabulary
+        self.online = None  # an OnlineDistiller once `learn_online` is called
         self.dtype = dtype
 
     @property
@@ -142,17 +143,31 @@ class TextGenerator:
             processing=processing, max_new_tokens=max_new_tokens, policy=policy, seed=seed,
             stop_tokens=() if eos is None else (eos,), stats=stats)
 
+    def learn_online(self, *, interval: int = 8, lr: float = 1e-3, positions: str = "wrong"):
+        """Online speculative decoding (OSD): from now on every single-sample `generate` with method `draft` feeds
+        the positions where the draft was wrong to an `OnlineDistiller`, which updates the draft in place every
+        `interval` requests. Outputs stay exact (the target decides every token); only acceptance changes."""
+        from specgen.modalities.text.distill.online import OnlineDistiller
+
+        self.online = OnlineDistiller(self.draft_model, self.model, interval=interval, lr=lr, positions=positions)
+        return self.online
+
     def generate(self, prompt: str, *, method: str = "draft", **options) -> TextResult:
         stats = SpecStats()
         started = time.perf_counter()
         num_samples = options.get("num_samples", 1)
         tokens: list[list[int]] = [[] for _ in range(num_samples)]
+        events = []
         for event in self.stream(prompt, method=method, stats=stats, **options):
             tokens[event.row].extend(event.tokens)
+            events.append(event)
         wall_s = time.perf_counter() - started
         spec = get_method("text", method)
         summary = stats.summary(method=method, lossless=spec.lossless, wall_s=wall_s,
                                 ar_step_s=self.measure_step_s(prompt))
+        if self.online is not None and method == "draft" and num_samples == 1:
+            summary["online_update"] = self.online.observe(self.encode(prompt), events)
+            summary["online_updates"] = self.online.updates
         samples = [{"text": self.tokenizer.decode(t, skip_special_tokens=True), "tokens": t} for t in tokens]
         return TextResult(samples[0]["text"], samples[0]["tokens"], summary, samples)
 

@@ -198,3 +198,42 @@ def test_cli_two_steps_then_resumes_and_rejects_bad_settings(tmp_path, capsys):
     capsys.readouterr()
     assert main([*base, "--steps", "2", "--adaspec", "0.4"]) == 2
     assert capsys.readouterr().err.strip().startswith("error: AdaSPEC needs")
+
+
+def test_pruned_self_draft_trains_from_the_target_less_a_block(tmp_path):
+    from safetensors.torch import load_file
+
+    from specgen.modalities.text.distill.trainer import train_draft
+
+    cfg = _config(tmp_path, tmp_path / "pruned", init="prune:1", loss="ce", steps=2)
+    summary = train_draft(cfg, say=lambda text: None)
+    assert summary["prune"]["block"] == 1 and len(summary["prune"]["distances"]) == 2
+    weights = load_file(str(tmp_path / "pruned" / "export" / "model.safetensors"))
+    target = load_file(str(tmp_path / "models" / "target" / "model.safetensors"))
+    kept = summary["prune"]["start"] ^ 1  # the tiny target has 2 layers; the other one stays, as layer 0
+    name = "model.layers.{}.mlp.down_proj.weight"
+    assert name.format(1) not in weights
+    assert not torch.equal(weights[name.format(0)].float(), target[name.format(kept)].float())  # it trained
+    assert "Pruned from the target" in (tmp_path / "pruned" / "export" / "README.md").read_text()
+    forced = train_draft(_config(tmp_path, tmp_path / "forced", init="prune:1@0", loss="ce", steps=1),
+                         say=lambda text: None)
+    assert forced["prune"]["start"] == 0 and forced["prune"]["forced"]
+
+
+def test_batch_online_draft_updates_the_draft_and_keeps_outputs_exact(tmp_path):
+    """`specgen batch --online-draft I`: the draft learns every I text items; greedy outputs equal a frozen run's."""
+    from specgen.app.batch import run_batch
+
+    target, draft = save_tiny_pair(tmp_path / "models", wide=True)
+    items = tmp_path / "in.jsonl"
+    items.write_text("".join(json.dumps({"id": f"p{i}", "modality": "text", "prompt": p,
+                                         "params": {"max_new_tokens": 12}}) + "\n"
+                             for i, p in enumerate(["def f(x):", "x = (y)", "if a:", "for k in z:"])))
+    frozen = run_batch(items, tmp_path / "frozen.jsonl", model=target, draft=draft, progress=False)
+    online = run_batch(items, tmp_path / "online.jsonl", model=target, draft=draft, progress=False, online_draft=2)
+    assert frozen["ok"] == online["ok"] == 4
+    read = lambda name: [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]  # noqa: E731
+    assert [r["result"]["tokens"] for r in read("frozen.jsonl")] == [r["result"]["tokens"] for r in read("online.jsonl")]
+    assert [r["stats"]["online_updates"] for r in read("online.jsonl")] == [0, 1, 1, 2]
+    with pytest.raises(Exception, match="--engine local"):
+        run_batch(items, tmp_path / "ray.jsonl", model=target, draft=draft, engine="ray", online_draft=2)

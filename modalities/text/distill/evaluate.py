@@ -25,8 +25,18 @@ class HeldOut:
     temperature: float
 
 
+_HELDOUT: dict[tuple, HeldOut] = {}  # per process: the cache folder is keyed by the target's weights
+
+
 def heldout_set(target, tokenizer, cache: Path, *, count: int = 128, prompt_len: int = 32, new_tokens: int = 64,
                 temperature: float = 1.0, seed: int = 1, max_files: int | None = None) -> HeldOut:
+    key = (str(cache), count, prompt_len, new_tokens, temperature, seed, max_files)
+    if key not in _HELDOUT:
+        _HELDOUT[key] = _heldout(target, tokenizer, cache, count, prompt_len, new_tokens, temperature, seed, max_files)
+    return _HELDOUT[key]
+
+
+def _heldout(target, tokenizer, cache, count, prompt_len, new_tokens, temperature, seed, max_files) -> HeldOut:
     stream = corpus_stream(tokenizer, "val", max_files, cache)
     prompts = corpus_windows(stream, count, prompt_len, new_tokens, seed)
     folder = cache / f"heldout-t{temperature:g}-n{count}-p{prompt_len}-c{new_tokens}-s{seed}"

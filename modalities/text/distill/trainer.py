@@ -43,7 +43,7 @@ LOSSES = ("ce", *DIVERGENCES)
 class DistillConfig:
     out: str
     target: str | None = None  # default: the shipped code target
-    init: str | None = None  # a model folder, "scratch", or "prune:N" (the target less its N-layer block)
+    init: str | None = None  # a model folder, "scratch", or "prune:N[@START]" (the target less an N-layer block)
     loss: str = "fkl"  # ce | fkl | rkl | jsd | tvd
     beta: float = 0.5  # JSD's mixing weight
     data: str = "target"  # corpus | target | draft | mix
@@ -136,14 +136,19 @@ def _init_draft(cfg: DistillConfig, target, tokenizer, calibration: np.ndarray):
 
         torch.manual_seed(cfg.seed)
         return build_model("draft", tokenizer), None
-    if spec.startswith("prune:"):
+    if spec.startswith("prune:"):  # "prune:N" drops the N-layer block of least angular distance, "prune:N@S" at S
         from specgen.modalities.text.distill.prune import drop_layers, prune_report
 
+        count, _, start = spec.split(":", 1)[1].partition("@")
         try:
-            count = int(spec.split(":", 1)[1])
+            count, start = int(count), (int(start) if start else None)
         except ValueError:
-            raise InvalidRequest(f"--init prune:N needs a layer count, got {spec!r}") from None
+            raise InvalidRequest(f"--init takes prune:N or prune:N@START with integers, got {spec!r}") from None
         report = prune_report(target, torch.from_numpy(calibration), count)
+        if start is not None:
+            report = {**report, "start": start, "layers_removed": list(range(start, start + count)),
+                      "distance": report["distances"][start] if 0 <= start < len(report["distances"]) else None,
+                      "forced": True}
         return drop_layers(target, report["start"], count), report
     return _load(spec), None
 
@@ -290,6 +295,8 @@ def train_draft(cfg: DistillConfig, *, stop_after: int | None = None, say=_say) 
         to_draft = torch.full((target.config.vocab_size,), len(vocab_ids), dtype=torch.long)
         to_draft[vocab_ids] = torch.arange(len(vocab_ids))
     draft = draft.float().train()
+    for p in draft.parameters():  # a pruned draft copies the frozen target's flags
+        p.requires_grad_(True)
     reference = None
     if cfg.adaspec is not None:
         reference = _load(cfg.reference)

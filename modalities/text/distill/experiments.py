@@ -1,0 +1,251 @@
+"""The recorded draft-training comparisons on the shipped code pair (results in `benchmarks/distill-*`).
+
+    python -m specgen.modalities.text.distill.experiments divergences   # CE vs FKL/RKL/JSD/TVD vs AdaSPEC, data
+    python -m specgen.modalities.text.distill.experiments prune         # pruned self-draft: self-data vs corpus
+
+Every arm starts from the same draft and trains the same number of steps on the same batch size, so arms see
+equal tokens and do equal draft compute (the target's distributions are cached once and shared; on-policy arms
+also pay the draft's sampling and the target's scoring each step, reported as wall time). AdaSPEC runs twice:
+at equal steps (0.4 × the tokens with a gradient) and at steps / k (equal tokens with a gradient); its
+reference is the forward-KL arm of the same seed. Each arm runs for several seeds (the seed orders the data and
+draws the on-policy samples), α is measured teacher-forced on held-out target samples, and the first seed of
+every arm also decodes the text bench prompts for the acceptance of real speculative runs. Runs resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+def _arm(loss, data, adaspec=None, step_multiplier=1.0, init=None) -> dict:
+    return {"loss": loss, "data": data, "adaspec": adaspec, "step_multiplier": step_multiplier, "init": init}
+
+
+EXPERIMENTS = {
+    "divergences": {  # every arm starts from the shipped draft
+        "ce-corpus": _arm("ce", "corpus"),
+        "fkl-corpus": _arm("fkl", "corpus"),
+        "fkl-target": _arm("fkl", "target"),
+        "rkl-target": _arm("rkl", "target"),
+        "jsd-target": _arm("jsd", "target"),
+        "tvd-target": _arm("tvd", "target"),
+        "adaspec-target": _arm("fkl", "target", adaspec=0.4),
+        "adaspec-target-equal-tokens": _arm("fkl", "target", adaspec=0.4, step_multiplier=2.5),
+        "fkl-on-policy": _arm("fkl", "draft"),
+        "fkl-mix": _arm("fkl", "mix"),
+    },
+    "prune": {  # the target less 4 of its 6 layers: the block of least angular distance (here the last four), or 1-4
+        "pruned-sft-corpus": _arm("ce", "corpus", init="prune:4"),
+        "pruned-sft-self-data": _arm("ce", "target", init="prune:4"),
+        "pruned-fkl-self-data": _arm("fkl", "target", init="prune:4"),
+        "pruned-layers1-4-sft-self-data": _arm("ce", "target", init="prune:4@1"),
+    },
+}
+
+
+def _root() -> Path:
+    return Path(__file__).resolve().parents[3]
+
+
+def _speculative(target_path: str, draft_dir: Path, prompts: list[str]) -> dict:
+    from specgen.modalities.text.distill.evaluate import speculative_alpha
+    from specgen.modalities.text.generator import TextGenerator
+
+    gen = TextGenerator(target_path, str(draft_dir))
+    return {f"t{t:g}": speculative_alpha(gen, prompts, temperature=t, num_draft_tokens=4, max_new_tokens=64)
+            for t in (1.0, 0.0)}
+
+
+def _spread(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values), "values": values}
+
+
+def run_experiment(args) -> dict:
+    from specgen.modalities.text.distill.evaluate import heldout_set, teacher_forced
+    from specgen.modalities.text.distill.trainer import DistillConfig, train_draft
+    from specgen.modalities.text.generator import default_models, load_causal_lm, load_tokenizer
+
+    target_path, draft_path = default_models()
+    arm_specs = EXPERIMENTS[args.experiment]
+    prompts = [json.loads(line)["prompt"] for line in (_root() / "benchmarks/prompts/text.jsonl").read_text().splitlines()
+               if line.strip()][:args.spec_prompts]
+    base = DistillConfig(out="", steps=args.steps, threads=args.threads, windows=args.windows)
+    results: dict[str, dict] = {}
+    started = time.time()
+    arms = [a for a in arm_specs if a in args.arms.split(",")] if args.arms else list(arm_specs)
+    for arm in arms:
+        spec = arm_specs[arm]
+        keep, steps = spec["adaspec"], round(args.steps * spec["step_multiplier"])
+        results[arm] = {**spec, "steps": steps, "runs": []}
+        for seed in args.seeds:
+            out = Path(args.runs_dir) / f"{arm}-s{seed}"
+            cfg = replace(base, out=str(out), loss=spec["loss"], data=spec["data"], adaspec=keep, seed=seed,
+                          steps=steps, init=spec["init"],
+                          reference=str(Path(args.runs_dir) / f"fkl-target-s{seed}" / "export") if keep else None)
+            done = out / "training.json"
+            summary = json.loads(done.read_text()) if done.exists() else train_draft(cfg)
+            run = {"seed": seed, **summary["heldout"], "wall_s": summary["wall_s"], "params": summary["params"],
+                   "tokens_with_gradient": summary["tokens_with_gradient"] * (keep or 1.0)}
+            if "prune" in summary:
+                run["prune"] = summary["prune"]
+            if seed == args.seeds[0] and prompts:
+                spec_file = out / "speculative.json"
+                if not spec_file.exists():
+                    spec_file.write_text(json.dumps(_speculative(target_path, out / "export", prompts)))
+                run["speculative"] = json.loads(spec_file.read_text())
+            results[arm]["runs"].append(run)
+            print(f"{arm} seed {seed}: alpha {run['alpha']:.4f}", file=sys.stderr, flush=True)
+        for key in ("alpha", "greedy_agreement", "fkl", "wall_s"):
+            results[arm][key] = _spread([r[key] for r in results[arm]["runs"]])
+    # the starting draft, untrained further
+    target = load_causal_lm(target_path)
+    heldout = heldout_set(target, load_tokenizer(target_path), Path(args.cache_dir) if args.cache_dir else _cache(target_path),
+                          count=base.eval_windows, prompt_len=base.prompt_len, new_tokens=base.new_tokens)
+    start = {**teacher_forced(load_causal_lm(draft_path), heldout)}
+    if prompts:
+        start["speculative"] = _speculative(target_path, Path(draft_path), prompts)
+    return {"experiment": args.experiment, "arms": results, "start": start, "seeds": args.seeds, "steps": args.steps,
+            "settings": {k: v for k, v in vars(base).items() if k not in ("out", "cache_dir")},
+            "spec_prompts": len(prompts), "wall_s": round(time.time() - started, 1),
+            "command": "python -m specgen.modalities.text.distill.experiments " + " ".join(sys.argv[1:])}
+
+
+def _cache(target_path: str) -> Path:
+    from specgen.modalities.assets import cache_dir
+    from specgen.modalities.text.distill.data import model_sha256
+
+    return cache_dir() / "distill" / model_sha256(target_path)
+
+
+def _verdicts(result: dict) -> list[str]:
+    arms, lines = result["arms"], []
+    ce = arms.get("ce-corpus")
+    best = max((a for a in arms if a != "ce-corpus"), key=lambda a: arms[a]["alpha"]["mean"], default=None)
+    if ce and best:
+        beyond = arms[best]["alpha"]["min"] > ce["alpha"]["max"]
+        lines.append(f"- Distillation vs cross-entropy only: best arm `{best}` α {arms[best]['alpha']['mean']:.4f} "
+                     f"(seeds {arms[best]['alpha']['min']:.4f}–{arms[best]['alpha']['max']:.4f}) vs `ce-corpus` "
+                     f"{ce['alpha']['mean']:.4f} ({ce['alpha']['min']:.4f}–{ce['alpha']['max']:.4f}): "
+                     f"**{'beyond' if beyond else 'not beyond'} seed spread** (every seed of one above every seed of "
+                     "the other).")
+    for ada in ("adaspec-target", "adaspec-target-equal-tokens"):
+        if ada in arms and "fkl-target" in arms:
+            a, f = arms[ada]["alpha"], arms["fkl-target"]["alpha"]
+            diffs = [x - y for x, y in zip(a["values"], f["values"])]
+            spread = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+            within = abs(statistics.fmean(diffs)) <= 2 * spread / max(len(diffs), 1) ** 0.5
+            lines.append(f"- `{ada}` − `fkl-target` (paired by seed): {statistics.fmean(diffs):+.4f} ± {spread:.4f} "
+                         f"(sd over seeds) — **{'within noise' if within else 'beyond noise'}** "
+                         "(|mean| ≤ 2 standard errors).")
+    return lines
+
+
+def render_markdown(result: dict, plot: str) -> str:
+    arms, start = result["arms"], result["start"]
+    lines = ["# Draft distillation on the code pair", "",
+             f"Command: `{result['command']}` ({result['wall_s']} s). Target `assets/code/target`, every arm starts from "
+             f"the shipped draft (`assets/code/draft`, α = {start['alpha']:.4f} before). {result['steps']} steps × "
+             f"{result['settings']['batch_size']} windows (32-token prompts, 64 continuation tokens with a loss), "
+             f"lr {result['settings']['lr']:g}, temperature 1, top-{result['settings']['top_k']} teacher cache; "
+             f"seeds {result['seeds']}. α = Σ min(target, draft) teacher-forced on 128 held-out target samples "
+             f"(8,192 positions). Speculative columns: acceptance rate of real runs (γ = 4, 64 new tokens, "
+             f"{result['spec_prompts']} text bench prompts) with the first seed's draft.", "",
+             "| arm | loss | data | steps | tokens with a loss | α (mean ± sd) | α min–max | greedy agree | "
+             "KL(t‖d) | spec. accept T=1 | T=0 | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    spec0 = start.get("speculative", {})
+    lines.append(f"| start (shipped draft) | — | — | 0 | 0 | {start['alpha']:.4f} | — | {start['greedy_agreement']:.4f} | "
+                 f"{start['fkl']:.4f} | {_acc(spec0, 't1')} | {_acc(spec0, 't0')} | — |")
+    for name, arm in arms.items():
+        spec = arm["runs"][0].get("speculative", {})
+        loss = arm["loss"] + (f" + AdaSPEC k={arm['adaspec']:g}" if arm["adaspec"] else "")
+        lines.append(f"| {name} | {loss} | {arm['data']} | {arm['steps']} | {int(arm['runs'][0]['tokens_with_gradient']):,} | "
+                     f"{arm['alpha']['mean']:.4f} ± {arm['alpha']['sd']:.4f} | {arm['alpha']['min']:.4f}–"
+                     f"{arm['alpha']['max']:.4f} | {arm['greedy_agreement']['mean']:.4f} | {arm['fkl']['mean']:.4f} | "
+                     f"{_acc(spec, 't1')} | {_acc(spec, 't0')} | {arm['wall_s']['mean']:.0f} |")
+    lines += ["", "## Verdicts", "", *_verdicts(result), "", f"![α per arm]({plot})", ""]
+    return "\n".join(lines)
+
+
+def _acc(spec: dict, key: str) -> str:
+    return f"{spec[key]['acceptance_rate']:.3f}" if key in spec else "—"
+
+
+def plot_png(path: Path, result: dict) -> None:
+    """α per arm: one dot per seed and a bar at the mean, the starting draft as a red line."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    try:
+        font = ImageFont.load_default(size=15)
+    except TypeError:
+        font = ImageFont.load_default()
+    arms = result["arms"]
+    values = [v for a in arms.values() for v in a["alpha"]["values"]] + [result["start"]["alpha"]]
+    low, high = min(values) - 0.01, max(values) + 0.01
+    label_w, row_h, top, width = 300, 30, 50, 1000
+    height = top + row_h * len(arms) + 40
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+
+    def x(value: float) -> float:
+        return label_w + (value - low) / (high - low) * (width - label_w - 40)
+
+    draw.text((10, 12), "held-out alpha = sum min(target, draft), per seed (dots) and mean (bar)", fill="black", font=font)
+    for i, (name, arm) in enumerate(arms.items()):
+        y = top + i * row_h
+        draw.text((10, y + 6), name, fill="black", font=font)
+        draw.rectangle([x(low), y + 8, x(arm["alpha"]["mean"]), y + row_h - 8], fill=(170, 200, 230))
+        for v in arm["alpha"]["values"]:
+            draw.ellipse([x(v) - 4, y + row_h / 2 - 4, x(v) + 4, y + row_h / 2 + 4], fill=(30, 80, 150))
+    bottom = top + row_h * len(arms)
+    draw.line([x(result["start"]["alpha"]), top - 6, x(result["start"]["alpha"]), bottom], fill=(200, 0, 0))
+    draw.text((x(result["start"]["alpha"]) + 4, bottom + 4), f"start {result['start']['alpha']:.3f}", fill=(200, 0, 0),
+              font=font)
+    draw.text((label_w, bottom + 20), f"axis {low:.3f} .. {high:.3f}", fill="black", font=font)
+    image.save(path)
+
+
+def write(result: dict, out_dir: Path, name: str) -> Path:
+    import shutil
+
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"{name}-{stamp}"
+    plot_png(stem.with_suffix(".png"), result)
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    stem.with_suffix(".md").write_text(render_markdown(result, stem.with_suffix(".png").name))
+    for suffix in (".json", ".md", ".png"):
+        shutil.copy(stem.with_suffix(suffix), out_dir / f"{name}-latest{suffix}")
+    return stem.with_suffix(".md")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specgen.modalities.text.distill.experiments")
+    parser.add_argument("experiment", choices=tuple(EXPERIMENTS))
+    parser.add_argument("--seeds", type=lambda text: [int(x) for x in text.split(",")], default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--windows", type=int, default=2048, help="fixed data set size")
+    parser.add_argument("--arms", help="comma-separated subset of the experiment's arms")
+    parser.add_argument("--spec-prompts", type=int, default=10, help="text bench prompts decoded per arm")
+    parser.add_argument("--runs-dir", help="run folders (default: runs/distill-<experiment>)")
+    parser.add_argument("--cache-dir")
+    parser.add_argument("--out-dir", type=Path, default=_root() / "benchmarks")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    args.runs_dir = args.runs_dir or f"runs/distill-{args.experiment}"
+    import torch
+
+    torch.set_num_threads(args.threads)
+    name = "distill" if args.experiment == "divergences" else f"distill-{args.experiment}"
+    print(write(run_experiment(args), args.out_dir, name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
