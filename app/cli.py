@@ -191,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=_int_at_least(1, 65535), default=7860, help="default: 7860")
     demo.add_argument("--model", help="text target: a Hugging Face causal LM path or id available offline")
     demo.add_argument("--draft", help="text draft model path or id")
+    demo.add_argument("--online-draft", type=_int_at_least(1), metavar="I",
+                      help="online speculative decoding: the text draft learns from its rejections every I requests")
 
     generate = commands.add_parser("generate", help="generate text, an image, a video or speech",
                                    description="Generate with a draft-verify method.")

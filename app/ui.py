@@ -123,6 +123,8 @@ def stats_markdown(stats: dict, *, method: str, running: bool, compare: dict | N
     if not running:
         rows += [("predicted speedup (ideal)", _num(stats.get("predicted_speedup_ideal"), 2, "×")),
                  ("predicted speedup (measured times)", _num(stats.get("predicted_speedup_measured"), 2, "×"))]
+    if stats.get("online_updates") is not None:
+        rows.append(("online draft updates so far", _num(stats["online_updates"])))
     if compare:
         rows += [("plain decoding tokens/s", _num(compare.get("ar_tokens_per_s"), 1)),
                  ("**measured speedup vs plain decoding**", _num(compare.get("speedup_vs_ar"), 2, "×"))]
@@ -152,14 +154,17 @@ class TextModels(LazyGenerator):
     """The text generator, loaded on first use, or the one it was given."""
 
     def __init__(self, generator=None, *, model: str | None = None, draft: str | None = None,
-                 threads: int | None = 1):
+                 threads: int | None = 1, online_draft: int | None = None):
         def load():
             from specgen.modalities.text.generator import TextGenerator
 
-            return TextGenerator(model, draft, threads=threads)
+            loaded = TextGenerator(model, draft, threads=threads)
+            if online_draft is not None:  # online speculative decoding across every request the demo serves
+                loaded.learn_online(interval=online_draft)
+            return loaded
 
         super().__init__(load, "text models", generator)
-        self._model, self._draft = model, draft
+        self._model, self._draft, self.online_draft = model, draft, online_draft
 
     def paths(self) -> tuple[str, str | None]:
         if self._generator is not None:
@@ -178,6 +183,8 @@ def header_markdown(text_models: TextModels, image_models=None, speech_models=No
     state = ("loaded" if text_models.loaded else
              f"not loaded: {text_models.error}" if text_models.error else "loads on the first request")
     draft_text = f"draft `{draft}`" if draft else "no draft model (methods `ar` and `ngram`)"
+    if draft and getattr(text_models, "online_draft", None):
+        draft_text += f" (learning online: updated from its rejections every {text_models.online_draft} requests)"
     return (f"# specgen {__version__} — draft–verify generation\n"
             f"**Text models** ({state}): target `{target}`, {draft_text}.  \n"
             f"Tokens are coloured by where they came from: **accepted** (drafted and verified), "
@@ -332,10 +339,12 @@ def _stream_text(gr, generator, prompt, method, spec, compare, params, options):
     pending_label = None
     stats, live = SpecStats(), LiveStats()
     tokens: list[int] = []
+    row_events = []  # row 0's events, for online learning
     events, busy = _timed(generator.stream(prompt, method=method, stats=stats, **options, **params))
     for event in events:
         if event.row != 0:
             continue
+        row_events.append(event)
         live.update(event)
         for token, source in zip(event.tokens, event.sources):
             tokens.append(token)
@@ -356,6 +365,10 @@ def _stream_text(gr, generator, prompt, method, spec, compare, params, options):
     spec_s = busy[0]
     summary = stats.summary(method=method, lossless=spec.lossless, wall_s=spec_s,
                             ar_step_s=generator.measure_step_s(prompt))
+    online = getattr(generator, "online", None)
+    if online is not None and method == "draft":  # the draft learns from this request's rejections
+        online.observe(prompt_ids, row_events)
+        summary["online_updates"] = online.updates
     compared = None
     if compare and not plain:
         yield (list(pieces), stats_markdown(summary, method=method, running=True,
@@ -475,7 +488,7 @@ def launch_demo(args) -> int:
     from specgen.app.ui_image import ImageModels
 
     text_models = TextModels(model=getattr(args, "model", None), draft=getattr(args, "draft", None),
-                             threads=args.threads)
+                             threads=args.threads, online_draft=getattr(args, "online_draft", None))
     from specgen.app.ui_speech import SpeechModels
 
     image_models = ImageModels(threads=args.threads)

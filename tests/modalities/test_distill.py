@@ -237,3 +237,24 @@ def test_batch_online_draft_updates_the_draft_and_keeps_outputs_exact(tmp_path):
     assert [r["stats"]["online_updates"] for r in read("online.jsonl")] == [0, 1, 1, 2]
     with pytest.raises(Exception, match="--engine local"):
         run_batch(items, tmp_path / "ray.jsonl", model=target, draft=draft, engine="ray", online_draft=2)
+
+
+def test_demo_text_runs_feed_online_learning(tmp_path):
+    """`specgen demo --online-draft I`: each Text-tab run with a draft feeds the learner; the panel and header say so."""
+    import gradio as gr
+
+    from specgen.app.ui import TextModels, _stream_text, header_markdown
+    from specgen.modalities.text.generator import TextGenerator
+    from specgen.samplers import registry
+
+    target, draft = save_tiny_pair(tmp_path / "models", wide=True)
+    models = TextModels(model=target, draft=draft, online_draft=1)
+    assert "learning online" in header_markdown(models)
+    gen = models.get()
+    assert isinstance(gen, TextGenerator) and gen.online is not None and gen.online.interval == 1
+    spec = registry.get_method("text", "draft")
+    options = dict(temperature=0.0, top_p=1.0, seed=0, max_new_tokens=12)
+    *_, last = _stream_text(gr, gen, "def f(x):", "draft", spec, False, spec.resolve_knobs({}), options)
+    assert last[3]["online_updates"] == 1 and "online draft updates so far" in last[1]
+    *_, plain = _stream_text(gr, gen, "def f(x):", "ar", registry.get_method("text", "ar"), False, {}, options)
+    assert "online_updates" not in plain[3] and gen.online.updates == 1
