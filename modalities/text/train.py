@@ -321,7 +321,7 @@ def _model_section(role: str, folder: Path) -> str:
     resumed = "; resumed from its checkpoint at step " + ", ".join(map(str, t["resumed_from_steps"])) \
         if t["resumed_from_steps"] else ""
     return f"""## {role.capitalize()} (`{role}/`)
-
+{_distillation_lines(folder)}
 - `LlamaForCausalLM`: {_params_line(cfg)}; **{t['params']:,} parameters**, stored fp16 \
 ({(folder / 'model.safetensors').stat().st_size:,} bytes).
 - Trained {t['steps']:,} steps x {t['batch_size']} windows x {t['seq_len']} tokens = **{t['tokens_seen']:,} tokens** \
@@ -339,6 +339,24 @@ Greedy continuations (48 new tokens) of {" and ".join(f"`{p!r}`" for p in SAMPLE
 ```python
 {_samples(folder, SAMPLE_PROMPTS)}
 ```
+"""
+
+
+def _distillation_lines(folder: Path) -> str:
+    """A draft distilled after its pre-training (`specgen train draft`) keeps the pre-training record in
+    training.json and the distillation's summary in distillation.json; the card says both."""
+    if not (folder / "distillation.json").exists():
+        return ""
+    d = json.loads((folder / "distillation.json").read_text())
+    cfg, heldout = d["config"], d["heldout"]
+    return f"""
+Pre-trained on the corpus (below), then **distilled from the target** with {cfg['loss'].upper()} on the target's own \
+samples ({cfg['windows']:,} prompts of {cfg['prompt_len']} tokens, {cfg['new_tokens']} sampled tokens each, \
+temperature {cfg['temperature']:g}, top-{cfg['top_k']} teacher cache): {d['steps']} steps x {cfg['batch_size']} \
+windows, peak lr {cfg['lr']:g}, seed {cfg['seed']}, {d['wall_s'] / 60:.1f} min. Held-out agreement with the target \
+({heldout['positions']:,} positions of target samples on validation prompts): **α = Σ min(target, draft) = \
+{heldout['alpha']:.4f}** (before distillation: {(d.get('heldout_before') or {}).get('alpha', float('nan')):.4f}), greedy agreement \
+{heldout['greedy_agreement']:.4f}. Command: `{d['command']}`; comparisons in `docs/distill.md`.
 """
 
 
@@ -426,8 +444,12 @@ Foundation License; the weights are released with specgen under Apache-2.0, with
         rel = path.relative_to(export_dir.parent).as_posix()
         role = path.parent.name if path.parent != export_dir else None
         t = trained.get(role)
+        command = t["command"] if t else None
+        distilled = export_dir / "draft" / "distillation.json"
+        if role == "draft" and distilled.exists():
+            command = f"{command} && {json.loads(distilled.read_text())['command']}"
         entry = {"path": rel, "sha256": _file_sha256(path), "bytes": path.stat().st_size,
-                 "command": t["command"] if t else (tok_cmd if path.name.startswith("tokenizer")
+                 "command": command if t else (tok_cmd if path.name.startswith("tokenizer")
                                                     else "python -m specgen.modalities.text.train --finalize-card"),
                  "seed": t["seed"] if t else None, "commit": "to be filled"}
         if rel in old and old[rel].get("sha256") == entry["sha256"]:

@@ -81,6 +81,7 @@ def speculative_alpha(generator, prompts: list[str], *, temperature: float, num_
                       max_new_tokens: int = 64, seed: int = 0) -> dict:
     """Acceptance in real speculative decoding with `generator`'s current draft, pooled over `prompts`."""
     drafted = accepted = rejections = steps = committed = 0
+    wall_s = 0.0
     for i, prompt in enumerate(prompts):
         result = generator.generate(prompt, method="draft", temperature=temperature, seed=seed + i,
                                     max_new_tokens=max_new_tokens, num_draft_tokens=num_draft_tokens)
@@ -90,5 +91,7 @@ def speculative_alpha(generator, prompts: list[str], *, temperature: float, num_
         rejections += stats["rejections"]
         steps += stats["steps"]
         committed += stats["committed"]
+        wall_s += stats["wall_s"]
     return {"acceptance_rate": accepted / max(drafted, 1), "alpha_hat": accepted / max(accepted + rejections, 1),
-            "tau": committed / max(steps, 1), "steps": steps, "prompts": len(prompts)}
+            "tau": committed / max(steps, 1), "steps": steps, "prompts": len(prompts),
+            "tokens_per_s": committed / wall_s if wall_s else None}

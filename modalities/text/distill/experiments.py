@@ -22,8 +22,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-def _arm(loss, data, adaspec=None, step_multiplier=1.0, init=None) -> dict:
-    return {"loss": loss, "data": data, "adaspec": adaspec, "step_multiplier": step_multiplier, "init": init}
+def _arm(loss, data, adaspec=None, step_multiplier=1.0, init=None, vocab_size=None) -> dict:
+    return {"loss": loss, "data": data, "adaspec": adaspec, "step_multiplier": step_multiplier, "init": init,
+            "vocab_size": vocab_size}
 
 
 EXPERIMENTS = {
@@ -44,6 +45,11 @@ EXPERIMENTS = {
         "pruned-sft-self-data": _arm("ce", "target", init="prune:4"),
         "pruned-fkl-self-data": _arm("fkl", "target", init="prune:4"),
         "pruned-layers1-4-sft-self-data": _arm("ce", "target", init="prune:4@1"),
+    },
+    "vocab": {  # reduced draft vocabularies (the most frequent tokens of target samples), forward KL on them
+        "fkl-target-v2048": _arm("fkl", "target", vocab_size=2048),
+        "fkl-target-v1024": _arm("fkl", "target", vocab_size=1024),
+        "fkl-target-v512": _arm("fkl", "target", vocab_size=512),
     },
 }
 
@@ -86,14 +92,15 @@ def run_experiment(args) -> dict:
         for seed in args.seeds:
             out = Path(args.runs_dir) / f"{arm}-s{seed}"
             cfg = replace(base, out=str(out), loss=spec["loss"], data=spec["data"], adaspec=keep, seed=seed,
-                          steps=steps, init=spec["init"],
+                          steps=steps, init=spec["init"], vocab_size=spec["vocab_size"],
                           reference=str(Path(args.runs_dir) / f"fkl-target-s{seed}" / "export") if keep else None)
             done = out / "training.json"
             summary = json.loads(done.read_text()) if done.exists() else train_draft(cfg)
             run = {"seed": seed, **summary["heldout"], "wall_s": summary["wall_s"], "params": summary["params"],
                    "tokens_with_gradient": summary["tokens_with_gradient"] * (keep or 1.0)}
-            if "prune" in summary:
-                run["prune"] = summary["prune"]
+            for extra in ("prune", "coverage"):
+                if extra in summary:
+                    run[extra] = summary[extra]
             if seed == args.seeds[0] and prompts:
                 spec_file = out / "speculative.json"
                 if not spec_file.exists():
@@ -107,7 +114,8 @@ def run_experiment(args) -> dict:
     target = load_causal_lm(target_path)
     heldout = heldout_set(target, load_tokenizer(target_path), Path(args.cache_dir) if args.cache_dir else _cache(target_path),
                           count=base.eval_windows, prompt_len=base.prompt_len, new_tokens=base.new_tokens)
-    start = {**teacher_forced(load_causal_lm(draft_path), heldout)}
+    shipped = load_causal_lm(draft_path)
+    start = {**teacher_forced(shipped, heldout), "params": sum(p.numel() for p in shipped.parameters())}
     if prompts:
         start["speculative"] = _speculative(target_path, Path(draft_path), prompts)
     return {"experiment": args.experiment, "arms": results, "start": start, "seeds": args.seeds, "steps": args.steps,
@@ -146,31 +154,77 @@ def _verdicts(result: dict) -> list[str]:
     return lines
 
 
+TITLES = {"divergences": "Draft distillation on the code pair: losses, data, AdaSPEC",
+          "prune": "Pruned self-drafts on the code pair: self-data vs plain fine-tuning",
+          "vocab": "Reduced-vocabulary drafts on the code pair"}
+
+
 def render_markdown(result: dict, plot: str) -> str:
     arms, start = result["arms"], result["start"]
-    lines = ["# Draft distillation on the code pair", "",
-             f"Command: `{result['command']}` ({result['wall_s']} s). Target `assets/code/target`, every arm starts from "
-             f"the shipped draft (`assets/code/draft`, α = {start['alpha']:.4f} before). {result['steps']} steps × "
-             f"{result['settings']['batch_size']} windows (32-token prompts, 64 continuation tokens with a loss), "
-             f"lr {result['settings']['lr']:g}, temperature 1, top-{result['settings']['top_k']} teacher cache; "
-             f"seeds {result['seeds']}. α = Σ min(target, draft) teacher-forced on 128 held-out target samples "
-             f"(8,192 positions). Speculative columns: acceptance rate of real runs (γ = 4, 64 new tokens, "
-             f"{result['spec_prompts']} text bench prompts) with the first seed's draft.", "",
-             "| arm | loss | data | steps | tokens with a loss | α (mean ± sd) | α min–max | greedy agree | "
-             "KL(t‖d) | spec. accept T=1 | T=0 | wall s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    coverage = any("coverage" in arm["runs"][0] for arm in arms.values())
+    lines = [f"# {TITLES.get(result['experiment'], result['experiment'])}", "",
+             f"Command: `{result['command']}` ({result['wall_s']} s). Target `assets/code/target`; arms start from "
+             f"the shipped draft (`assets/code/draft`, α = {start['alpha']:.4f} before) unless the start column says "
+             f"otherwise. {result['steps']} steps × {result['settings']['batch_size']} windows (32-token prompts, "
+             f"64 continuation tokens with a loss), lr {result['settings']['lr']:g}, temperature 1, "
+             f"top-{result['settings']['top_k']} teacher cache, {result['settings']['windows']} fixed windows; "
+             f"seeds {result['seeds']} (a seed orders the data and draws on-policy samples). α = Σ min(target, draft) "
+             "teacher-forced on 128 held-out target samples (8,192 positions; validation-split prompts). "
+             f"Speculative columns: real runs (γ = 4, 64 new tokens, {result['spec_prompts']} text bench prompts) "
+             "with the first seed's draft — acceptance rate at T = 1 and T = 0, τ and tokens/s at T = 0 "
+             "(tokens/s on a shared 2-core machine: indicative).", "",
+             "| arm | loss | data | start | params | steps | tokens with a loss | α (mean ± sd) | α min–max | "
+             "greedy agree | KL(t‖d) |" + (" coverage |" if coverage else "") + " accept T=1 | T=0 | τ T=0 | tok/s T=0 | "
+             "train s |",
+             "|" + "---|" * (16 + coverage)]
     spec0 = start.get("speculative", {})
-    lines.append(f"| start (shipped draft) | — | — | 0 | 0 | {start['alpha']:.4f} | — | {start['greedy_agreement']:.4f} | "
-                 f"{start['fkl']:.4f} | {_acc(spec0, 't1')} | {_acc(spec0, 't0')} | — |")
+    params = _count(start.get("params"))
+    lines.append(f"| start (shipped draft) | — | — | — | {params} | 0 | 0 | {start['alpha']:.4f} | — | "
+                 f"{start['greedy_agreement']:.4f} | {start['fkl']:.4f} |" + (" 1 |" if coverage else "") +
+                 f" {_acc(spec0, 't1')} | {_acc(spec0, 't0')} | {_tau(spec0)} | {_tps(spec0)} | — |")
     for name, arm in arms.items():
-        spec = arm["runs"][0].get("speculative", {})
+        first = arm["runs"][0]
+        spec = first.get("speculative", {})
         loss = arm["loss"] + (f" + AdaSPEC k={arm['adaspec']:g}" if arm["adaspec"] else "")
-        lines.append(f"| {name} | {loss} | {arm['data']} | {arm['steps']} | {int(arm['runs'][0]['tokens_with_gradient']):,} | "
-                     f"{arm['alpha']['mean']:.4f} ± {arm['alpha']['sd']:.4f} | {arm['alpha']['min']:.4f}–"
-                     f"{arm['alpha']['max']:.4f} | {arm['greedy_agreement']['mean']:.4f} | {arm['fkl']['mean']:.4f} | "
-                     f"{_acc(spec, 't1')} | {_acc(spec, 't0')} | {arm['wall_s']['mean']:.0f} |")
-    lines += ["", "## Verdicts", "", *_verdicts(result), "", f"![α per arm]({plot})", ""]
+        begin = arm.get("init") or "shipped draft"
+        if "prune" in first:
+            removed = first["prune"]["layers_removed"]
+            begin = f"target less layers {removed[0]}–{removed[-1]}"
+        cov = f" {first['coverage']['heldout']:.4f} |" if coverage and "coverage" in first else (" 1 |" if coverage else "")
+        lines.append(f"| {name} | {loss} | {arm['data']} | {begin} | {_count(first.get('params'))} | {arm['steps']} | "
+                     f"{int(first['tokens_with_gradient']):,} | {arm['alpha']['mean']:.4f} ± {arm['alpha']['sd']:.4f} | "
+                     f"{arm['alpha']['min']:.4f}–{arm['alpha']['max']:.4f} | {arm['greedy_agreement']['mean']:.4f} | "
+                     f"{arm['fkl']['mean']:.4f} |{cov} {_acc(spec, 't1')} | {_acc(spec, 't0')} | {_tau(spec)} | "
+                     f"{_tps(spec)} | {arm['wall_s']['mean']:.0f} |")
+    verdicts = _verdicts(result) if result["experiment"] == "divergences" else _prune_verdicts(result)
+    lines += ["", "## Verdicts", "", *verdicts, "", f"![α per arm]({plot})", ""]
     return "\n".join(lines)
+
+
+def _prune_verdicts(result: dict) -> list[str]:
+    arms = result["arms"]
+    pairs = [("pruned-sft-self-data", "pruned-sft-corpus", "self-data vs plain fine-tuning (same pruned start)"),
+             ("pruned-sft-self-data", "pruned-layers1-4-sft-self-data", "least-angular-distance block vs layers 1–4")]
+    lines = []
+    for a, b, what in pairs:
+        if a in arms and b in arms:
+            diffs = [x - y for x, y in zip(arms[a]["alpha"]["values"], arms[b]["alpha"]["values"])]
+            sd = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+            lines.append(f"- {what}: `{a}` − `{b}` = {statistics.fmean(diffs):+.4f} ± {sd:.4f} (sd over paired seeds).")
+    return lines
+
+
+def _count(value) -> str:
+    return f"{value:,}" if value else "—"
+
+
+def _tau(spec: dict) -> str:
+    return f"{spec['t0']['tau']:.2f}" if "t0" in spec else "—"
+
+
+def _tps(spec: dict) -> str:
+    value = spec.get("t0", {}).get("tokens_per_s")
+    return f"{value:.0f}" if value else "—"
 
 
 def _acc(spec: dict, key: str) -> str:
@@ -227,7 +281,8 @@ def write(result: dict, out_dir: Path, name: str) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specgen.modalities.text.distill.experiments")
-    parser.add_argument("experiment", choices=tuple(EXPERIMENTS))
+    parser.add_argument("experiment", choices=(*EXPERIMENTS, "render"))
+    parser.add_argument("json", nargs="?", type=Path, help="with `render`: a recorded result to draw again")
     parser.add_argument("--seeds", type=lambda text: [int(x) for x in text.split(",")], default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--windows", type=int, default=2048, help="fixed data set size")
@@ -238,6 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path, default=_root() / "benchmarks")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
+    if args.experiment == "render":  # redraw a recorded result's markdown and plot in place
+        result = json.loads(args.json.read_text())
+        plot_png(args.json.with_suffix(".png"), result)
+        args.json.with_suffix(".md").write_text(render_markdown(result, args.json.with_suffix(".png").name))
+        return 0
     args.runs_dir = args.runs_dir or f"runs/distill-{args.experiment}"
     import torch
 

@@ -335,6 +335,12 @@ def train_draft(cfg: DistillConfig, *, stop_after: int | None = None, say=_say) 
         torch.save(blob, tmp)
         os.replace(tmp, ckpt_path)
 
+    def heldout():
+        return heldout_set(target, tokenizer, cache, count=cfg.eval_windows, prompt_len=cfg.prompt_len,
+                           new_tokens=cfg.new_tokens, temperature=cfg.temperature, max_files=cfg.max_files)
+
+    if state["step"] == 0 and "heldout_before" not in state:  # the starting point, for the card
+        state["heldout_before"] = teacher_forced(draft, heldout(), vocab_ids, to_draft)
     started = last_ckpt = time.monotonic()
     elapsed0, done_here = state["elapsed_s"], 0
     bar = tqdm(total=cfg.steps, initial=state["step"], desc=f"distil draft ({cfg.loss}, {cfg.data})", file=sys.stderr,
@@ -368,17 +374,16 @@ def train_draft(cfg: DistillConfig, *, stop_after: int | None = None, say=_say) 
     bar.close()
 
     say("evaluating on held-out target samples")
-    heldout = heldout_set(target, tokenizer, cache, count=cfg.eval_windows, prompt_len=cfg.prompt_len,
-                          new_tokens=cfg.new_tokens, temperature=cfg.temperature, max_files=cfg.max_files)
-    agreement = teacher_forced(draft, heldout, vocab_ids, to_draft)
+    agreement = teacher_forced(draft, heldout(), vocab_ids, to_draft)
     summary = {"command": command_line(cfg), "config": settings, "target": target_path,
                "params": sum(p.numel() for p in draft.parameters()), "steps": state["step"],
                "tokens_with_gradient": state["step"] * cfg.batch_size * cfg.new_tokens,
                "final_loss": sum(state["recent"]) / max(len(state["recent"]), 1), "wall_s": round(state["elapsed_s"], 1),
-               "resumed_from_steps": state["resumed_from"], "heldout": agreement}
+               "resumed_from_steps": state["resumed_from"], "heldout": agreement,
+               "heldout_before": state.get("heldout_before")}
     if vocab_ids is not None:
         summary["coverage"] = {"train": float(data.teacher.coverage[:, cfg.prompt_len - 1:].mean()),
-                               "heldout": _coverage(heldout, vocab_ids), "vocab_size": len(vocab_ids)}
+                               "heldout": _coverage(heldout(), vocab_ids), "vocab_size": len(vocab_ids)}
     if prune is not None:
         summary["prune"] = prune
     (run_dir / "training.json").write_text(json.dumps(summary, indent=1))
@@ -411,6 +416,11 @@ def export(draft, folder: Path, target_path: str, vocab_ids, summary: dict) -> P
     return folder
 
 
+def _before(summary: dict) -> str:
+    before = summary.get("heldout_before")
+    return f"{before['alpha']:.4f} at the start" if before else "start not measured"
+
+
 def model_card(summary: dict) -> str:
     cfg, heldout = summary["config"], summary["heldout"]
     loss = {"ce": "cross-entropy on the text (no teacher)", "fkl": "forward KL(target ‖ draft)",
@@ -427,7 +437,7 @@ def model_card(summary: dict) -> str:
              f"({cfg['warmup']} warm-up steps, cosine to 10 %), seed {cfg['seed']}, data seed {cfg['data_seed']}; "
              f"{summary['tokens_with_gradient']:,} tokens with a loss; {summary['wall_s']} s.",
              f"- Held-out ({heldout['positions']} positions of target samples, validation prompts): "
-             f"**α = {heldout['alpha']:.4f}** (Σ min(target, draft)), greedy agreement "
+             f"**α = {heldout['alpha']:.4f}** (Σ min(target, draft); {_before(summary)}), greedy agreement "
              f"{heldout['greedy_agreement']:.4f}, KL(target ‖ draft) {heldout['fkl']:.4f}."]
     if "coverage" in summary:
         cov = summary["coverage"]
