@@ -356,7 +356,8 @@ temperature {cfg['temperature']:g}, top-{cfg['top_k']} teacher cache): {d['steps
 windows, peak lr {cfg['lr']:g}, seed {cfg['seed']}, {d['wall_s'] / 60:.1f} min. Held-out agreement with the target \
 ({heldout['positions']:,} positions of target samples on validation prompts): **α = Σ min(target, draft) = \
 {heldout['alpha']:.4f}** (before distillation: {(d.get('heldout_before') or {}).get('alpha', float('nan')):.4f}), greedy agreement \
-{heldout['greedy_agreement']:.4f}. Command: `{d['command']}`; comparisons in `docs/distill.md`.
+{heldout['greedy_agreement']:.4f}. Command, run after the pre-training command below (whose export it starts from): \
+`{d['command']}`; comparisons in `docs/distill.md`.
 """
 
 

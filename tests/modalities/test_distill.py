@@ -258,3 +258,10 @@ def test_demo_text_runs_feed_online_learning(tmp_path):
     assert last[3]["online_updates"] == 1 and "online draft updates so far" in last[1]
     *_, plain = _stream_text(gr, gen, "def f(x):", "ar", registry.get_method("text", "ar"), False, {}, options)
     assert "online_updates" not in plain[3] and gen.online.updates == 1
+
+
+def test_caches_are_keyed_by_the_target_weights(tmp_path):
+    from specgen.modalities.text.distill.data import model_sha256
+
+    target, draft = save_tiny_pair(tmp_path / "models")
+    assert model_sha256(target) == model_sha256(target) != model_sha256(draft)

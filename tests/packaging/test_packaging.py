@@ -156,3 +156,20 @@ def test_import_specgen_loads_no_torch(tmp_path):
     out = _python("import sys, specgen, specgen.samplers.registry; "
                   "print([m for m in ('torch', 'transformers', 'gradio') if m in sys.modules])", cwd=tmp_path)
     assert out.strip() == "[]"
+
+
+def test_assets_manifest_lists_every_shipped_file_with_its_hash():
+    """assets/MANIFEST.json names each shipped file with its size, sha256, command and seed, and nothing else."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    assets = Path(__file__).resolve().parents[2] / "assets"
+    entries = {e["path"]: e for e in json.loads((assets / "MANIFEST.json").read_text())["files"]}
+    files = {p.relative_to(assets).as_posix() for p in assets.rglob("*") if p.is_file() and p.name != "MANIFEST.json"}
+    assert files == set(entries)
+    for path, entry in entries.items():
+        data = (assets / path).read_bytes()
+        assert (len(data), hashlib.sha256(data).hexdigest()) == (entry["bytes"], entry["sha256"]), path
+        assert entry["command"], path
+    assert sum(e["bytes"] for e in entries.values()) <= 60_000_000  # the shipped-checkpoint budget

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from specgen.modalities.text.train import _atomic_write, _file_sha256, _save_npy
 
 SOURCES = ("corpus", "target", "draft", "mix")
 
@@ -36,16 +37,12 @@ class Windows:
         return mask
 
 
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def model_sha256(folder: str | Path) -> str:
     """A short identity of a saved model folder (its weights and config), for cache keys."""
     digest = hashlib.sha256()
-    for name in sorted(os.listdir(folder)):
-        if name.endswith((".safetensors", ".json", ".bin")):
-            digest.update(name.encode() + bytes.fromhex(file_sha256(Path(folder) / name)))
+    for path in sorted(Path(folder).iterdir()):
+        if path.suffix in (".safetensors", ".json", ".bin"):
+            digest.update(path.name.encode() + bytes.fromhex(_file_sha256(path)))
     return digest.hexdigest()[:16]
 
 
@@ -117,7 +114,4 @@ def target_windows(target, prompts: Windows, new_tokens: int, temperature: float
 
 
 def _save_atomic(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:  # a file object: np.save would append ".npy" to the tmp name
-        np.save(f, array)
-    os.replace(tmp, path)
+    _atomic_write(path, lambda tmp: _save_npy(tmp, array))  # a kill mid-write leaves no partial file

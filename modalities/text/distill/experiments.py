@@ -37,6 +37,7 @@ EXPERIMENTS = {
         "tvd-target": _arm("tvd", "target"),
         "adaspec-target": _arm("fkl", "target", adaspec=0.4),
         "adaspec-target-equal-tokens": _arm("fkl", "target", adaspec=0.4, step_multiplier=2.5),
+        "fkl-target-long": _arm("fkl", "target", step_multiplier=2.5),  # equal compute for the arm above
         "fkl-on-policy": _arm("fkl", "draft"),
         "fkl-mix": _arm("fkl", "mix"),
     },
@@ -142,13 +143,14 @@ def _verdicts(result: dict) -> list[str]:
                      f"{ce['alpha']['mean']:.4f} ({ce['alpha']['min']:.4f}–{ce['alpha']['max']:.4f}): "
                      f"**{'beyond' if beyond else 'not beyond'} seed spread** (every seed of one above every seed of "
                      "the other).")
-    for ada in ("adaspec-target", "adaspec-target-equal-tokens"):
-        if ada in arms and "fkl-target" in arms:
-            a, f = arms[ada]["alpha"], arms["fkl-target"]["alpha"]
+    for ada, control in (("adaspec-target", "fkl-target"), ("adaspec-target-equal-tokens", "fkl-target-long")):
+        if ada in arms and control in arms:
+            a, f = arms[ada]["alpha"], arms[control]["alpha"]
             diffs = [x - y for x, y in zip(a["values"], f["values"])]
             spread = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
             within = abs(statistics.fmean(diffs)) <= 2 * spread / max(len(diffs), 1) ** 0.5
-            lines.append(f"- `{ada}` − `fkl-target` (paired by seed): {statistics.fmean(diffs):+.4f} ± {spread:.4f} "
+            lines.append(f"- `{ada}` − `{control}` (equal steps, so equal draft compute; paired by seed): "
+                         f"{statistics.fmean(diffs):+.4f} ± {spread:.4f} "
                          f"(sd over seeds) — **{'within noise' if within else 'beyond noise'}** "
                          "(|mean| ≤ 2 standard errors).")
     return lines

@@ -95,7 +95,8 @@ def command_line(cfg: DistillConfig) -> str:
     flags = {"target": "--target", "init": "--init", "loss": "--loss", "data": "--data", "adaspec": "--adaspec",
              "reference": "--reference", "vocab_size": "--vocab-size", "steps": "--steps", "seed": "--seed",
              "data_seed": "--data-seed", "batch_size": "--batch-size", "lr": "--lr", "top_k": "--top-k",
-             "temperature": "--temperature", "windows": "--windows", "max_files": "--max-files"}
+             "temperature": "--temperature", "windows": "--windows", "max_files": "--max-files",
+             "prompt_len": "--prompt-len", "new_tokens": "--new-tokens"}
     parts = ["specgen train draft", f"--out {cfg.out}"]
     defaults = DistillConfig(out="")
     for name, flag in flags.items():
