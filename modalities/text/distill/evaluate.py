@@ -71,10 +71,14 @@ def teacher_forced(draft, heldout: HeldOut, vocab_ids: torch.Tensor | None = Non
         draft_logp = torch.full_like(heldout.target_logp, float("-inf"))
         draft_logp[:, vocab_ids] = inside
     target_probs, draft_probs = heldout.target_logp.exp(), draft_logp.exp()
-    fkl = (target_probs * (heldout.target_logp - draft_logp.clamp(min=-1e4))).sum(-1)
+    if vocab_ids is None:
+        fkl = float((target_probs * (heldout.target_logp - draft_logp)).sum(-1).mean())
+    else:  # KL(target || draft) is infinite outside the vocabulary: report it for the renormalised restriction
+        inside = torch.log_softmax(heldout.target_logp[:, vocab_ids], -1)
+        fkl = float((inside.exp() * (inside - draft_logp[:, vocab_ids])).sum(-1).mean())
     return {"alpha": float(torch.minimum(target_probs, draft_probs).sum(-1).mean()),
             "greedy_agreement": float((heldout.target_logp.argmax(-1) == draft_logp.argmax(-1)).float().mean()),
-            "fkl": float(fkl.mean()), "positions": int(len(target_probs))}
+            "fkl" if vocab_ids is None else "fkl_in_vocab": fkl, "positions": int(len(target_probs))}
 
 
 def speculative_alpha(generator, prompts: list[str], *, temperature: float, num_draft_tokens: int = 4,

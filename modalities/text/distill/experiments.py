@@ -110,7 +110,8 @@ def run_experiment(args) -> dict:
             results[arm]["runs"].append(run)
             print(f"{arm} seed {seed}: alpha {run['alpha']:.4f}", file=sys.stderr, flush=True)
         for key in ("alpha", "greedy_agreement", "fkl", "wall_s"):
-            results[arm][key] = _spread([r[key] for r in results[arm]["runs"]])
+            if all(key in r for r in results[arm]["runs"]):
+                results[arm][key] = _spread([r[key] for r in results[arm]["runs"]])
     # the starting draft, untrained further
     target = load_causal_lm(target_path)
     heldout = heldout_set(target, load_tokenizer(target_path), Path(args.cache_dir) if args.cache_dir else _cache(target_path),
@@ -196,9 +197,9 @@ def render_markdown(result: dict, plot: str) -> str:
         lines.append(f"| {name} | {loss} | {arm['data']} | {begin} | {_count(first.get('params'))} | {arm['steps']} | "
                      f"{int(first['tokens_with_gradient']):,} | {arm['alpha']['mean']:.4f} ± {arm['alpha']['sd']:.4f} | "
                      f"{arm['alpha']['min']:.4f}–{arm['alpha']['max']:.4f} | {arm['greedy_agreement']['mean']:.4f} | "
-                     f"{arm['fkl']['mean']:.4f} |{cov} {_acc(spec, 't1')} | {_acc(spec, 't0')} | {_tau(spec)} | "
+                     f"{_kl(arm, first)} |{cov} {_acc(spec, 't1')} | {_acc(spec, 't0')} | {_tau(spec)} | "
                      f"{_tps(spec)} | {arm['wall_s']['mean']:.0f} |")
-    verdicts = _verdicts(result) if result["experiment"] == "divergences" else _prune_verdicts(result)
+    verdicts = {"divergences": _verdicts, "prune": _prune_verdicts, "vocab": _vocab_verdicts}[result["experiment"]](result)
     lines += ["", "## Verdicts", "", *verdicts, "", f"![α per arm]({plot})", ""]
     return "\n".join(lines)
 
@@ -213,6 +214,24 @@ def _prune_verdicts(result: dict) -> list[str]:
             diffs = [x - y for x, y in zip(arms[a]["alpha"]["values"], arms[b]["alpha"]["values"])]
             sd = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
             lines.append(f"- {what}: `{a}` − `{b}` = {statistics.fmean(diffs):+.4f} ± {sd:.4f} (sd over paired seeds).")
+    return lines
+
+
+def _kl(arm: dict, first: dict) -> str:
+    # a reduced vocabulary puts no mass on the target's other tokens: KL(target || draft) is infinite
+    return "∞" if "coverage" in first else f"{arm['fkl']['mean']:.4f}"
+
+
+def _vocab_verdicts(result: dict) -> list[str]:
+    lines = []
+    for name, arm in result["arms"].items():
+        first = arm["runs"][0]
+        if "coverage" in first:
+            cov = first["coverage"]
+            lines.append(f"- `{name}`: {cov['vocab_size']} tokens cover {cov['heldout']:.1%} of the target's held-out "
+                         f"mass (the ceiling on α); α = {arm['alpha']['mean']:.4f}, i.e. "
+                         f"{arm['alpha']['mean'] / cov['heldout']:.1%} of that ceiling; {first.get('params', 0):,} "
+                         "parameters.")
     return lines
 
 

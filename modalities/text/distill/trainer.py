@@ -439,7 +439,9 @@ def model_card(summary: dict) -> str:
              f"{summary['tokens_with_gradient']:,} tokens with a loss; {summary['wall_s']} s.",
              f"- Held-out ({heldout['positions']} positions of target samples, validation prompts): "
              f"**α = {heldout['alpha']:.4f}** (Σ min(target, draft); {_before(summary)}), greedy agreement "
-             f"{heldout['greedy_agreement']:.4f}, KL(target ‖ draft) {heldout['fkl']:.4f}."]
+             f"{heldout['greedy_agreement']:.4f}, " + (f"KL(target ‖ draft) {heldout['fkl']:.4f}." if "fkl" in heldout else
+                                                       f"KL(target restricted to the vocabulary ‖ draft) "
+                                                       f"{heldout['fkl_in_vocab']:.4f}.")]
     if "coverage" in summary:
         cov = summary["coverage"]
         lines.append(f"- Reduced vocabulary: {cov['vocab_size']} tokens (`vocab_ids.json`, target ids); target "
