@@ -153,7 +153,7 @@ def _verdicts(result: dict) -> list[str]:
             lines.append(f"- `{ada}` − `{control}` (equal steps, so equal draft compute; paired by seed): "
                          f"{statistics.fmean(diffs):+.4f} ± {spread:.4f} "
                          f"(sd over seeds) — **{'within noise' if within else 'beyond noise'}** "
-                         "(|mean| ≤ 2 standard errors).")
+                         "(within noise would mean |mean| ≤ 2 standard errors of the paired differences).")
     return lines
 
 
