@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specgen.errors import InvalidRequest
+from specgen.modalities.checkpoints import atomic_write as _atomic_write
+from specgen.modalities.checkpoints import restore
 
 ROLES = ("vq", "target", "draft", "video")
 DEFAULTS = {  # role -> (steps, batch size, peak lr); the shipped recipe
@@ -78,12 +80,6 @@ class TrainConfig:
         if self.out:
             parts.append(f"--out {self.out}")
         return " ".join(parts)
-
-
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)  # a kill mid-write leaves the previous file intact
 
 
 def _lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
@@ -371,15 +367,9 @@ def train(cfg: TrainConfig, resume: bool = True) -> dict:
         if any(saved[k] != getattr(cfg, k) for k in TrainConfig.FIXED):
             raise InvalidRequest(f"{ckpt_path} was made with different settings ({', '.join(TrainConfig.FIXED)} "
                                  "must match); use another --run-dir or --no-resume to start over")
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
+        state = restore(ckpt, model, opt, metrics_path)
         torch.set_rng_state(ckpt["torch_rng"])
         task.load_state(ckpt["task"])
-        state = ckpt["state"]
-        state["resumed_from"].append(state["step"])
-        if metrics_path.exists():  # drop what was logged after the checkpoint: those steps are redone
-            kept = [ln for ln in metrics_path.read_text().splitlines() if json.loads(ln)["step"] <= state["step"]]
-            _atomic_write(metrics_path, lambda p: p.write_text("".join(f"{ln}\n" for ln in kept)))
     elif metrics_path.exists():
         metrics_path.unlink()
     _atomic_write(run_dir / "run.json", lambda p: p.write_text(json.dumps({**asdict(cfg), "command": cfg.command()},

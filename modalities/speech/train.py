@@ -26,17 +26,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specgen.errors import InvalidRequest, ModelNotFound
+from specgen.modalities.checkpoints import atomic_write as _atomic_write
+from specgen.modalities.checkpoints import restore
 
 ROLES = ("codec", "tokens", "target", "draft")
 DEFAULTS = {"target": (3000, 16, 1.5e-3), "draft": (3000, 16, 2e-3)}  # role -> steps, batch size, peak lr
 LOSS_WINDOW = 50
 VAL_UTTERANCES = 96  # the last utterances of the token file are held out
-
-
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def _sha256(path: Path) -> str:
@@ -257,14 +253,8 @@ def train(cfg: TrainConfig, resume: bool = True, export_only: bool = False) -> d
         if ckpt["fixed"] != fixed:
             raise InvalidRequest(f"{ckpt_path} was made with different settings ({', '.join(TrainConfig.FIXED)} "
                                  "must match); use another --run-dir or --no-resume to start over")
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
+        state = restore(ckpt, model, opt, metrics_path)
         torch.set_rng_state(ckpt["torch_rng"])
-        state = ckpt["state"]
-        state["resumed_from"].append(state["step"])
-        if metrics_path.exists():  # steps logged after the checkpoint are redone
-            kept = [ln for ln in metrics_path.read_text().splitlines() if json.loads(ln)["step"] <= state["step"]]
-            _atomic_write(metrics_path, lambda p: p.write_text("".join(f"{ln}\n" for ln in kept)))
     elif metrics_path.exists():
         metrics_path.unlink()
     if export_only and state["step"] == 0:

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 
 from specgen.errors import InvalidRequest, VocabularyMismatch
+from specgen.modalities.checkpoints import atomic_write as _atomic_write
+from specgen.modalities.checkpoints import restore
 from specgen.modalities.text.models import ASSETS_CODE, VOCAB_SIZE
 
 # The shipped recipe. On one CPU core the budget is optimizer steps, not tokens: batches of 8 windows with a
@@ -30,12 +32,6 @@ DEFAULT_BATCH = 8
 # Shown in the model card. No trailing space: byte-level BPE attaches a space to the word after it.
 SAMPLE_PROMPTS = ("import os\n\n\ndef", "def main(")
 LOSS_WINDOW = 50  # the reported final train loss is the mean over this many last steps
-
-
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)  # a kill mid-write leaves the previous file intact
 
 
 def _save_npy(path: Path, array) -> None:
@@ -183,15 +179,8 @@ def train_text_model(role: str, out_dir, steps: int, batch_size: int = DEFAULT_B
         if any(ckpt["args"][k] != args[k] for k in fixed):
             raise InvalidRequest(f"{ckpt_path} was made with different settings ({', '.join(fixed)} must match); "
                                  "pass resume=False (--no-resume) to start over")
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
+        state = restore(ckpt, model, opt, metrics_path)
         torch.set_rng_state(ckpt["torch_rng"])
-        state = ckpt["state"]
-        state["resumed_from"].append(state["step"])
-        if metrics_path.exists():  # drop what was logged after the checkpoint: those steps are redone
-            kept = [line for line in metrics_path.read_text().splitlines()
-                    if json.loads(line)["step"] <= state["step"]]
-            _atomic_write(metrics_path, lambda p: p.write_text("".join(f"{line}\n" for line in kept)))
     elif metrics_path.exists():
         metrics_path.unlink()
     _atomic_write(run_dir / "run.json", lambda p: p.write_text(json.dumps({**args, "command": _command(args)},

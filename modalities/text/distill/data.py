@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specgen.modalities.text.train import _atomic_write, _file_sha256, _save_npy
+from specgen.modalities.checkpoints import atomic_write
+from specgen.modalities.text.train import _file_sha256, _save_npy
 
 SOURCES = ("corpus", "target", "draft", "mix")
 
@@ -114,4 +115,4 @@ def target_windows(target, prompts: Windows, new_tokens: int, temperature: float
 
 
 def _save_atomic(path: Path, array: np.ndarray) -> None:
-    _atomic_write(path, lambda tmp: _save_npy(tmp, array))  # a kill mid-write leaves no partial file
+    atomic_write(path, lambda tmp: _save_npy(tmp, array))  # a kill mid-write leaves no partial file

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen.errors import InvalidRequest
+from specgen.modalities.checkpoints import atomic_write, restore
 from specgen.modalities.text.distill import data as data_mod
 from specgen.modalities.text.distill.divergences import (DIVERGENCES, adaspec_keep, draft_buckets, token_divergence)
 from specgen.modalities.text.distill.teacher import (TeacherCache, frequent_vocab, score_windows, shrink_vocab,
@@ -319,22 +320,14 @@ def train_draft(cfg: DistillConfig, *, stop_after: int | None = None, say=_say) 
         if changed:
             raise InvalidRequest(f"{ckpt_path} was made with different settings ({', '.join(changed)}); "
                                  "use a new --out folder to start over")
-        draft.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        state = ckpt["state"]
-        state["resumed_from"].append(state["step"])
-        if metrics_path.exists():  # steps logged after the checkpoint are redone
-            kept = [line for line in metrics_path.read_text().splitlines() if json.loads(line)["step"] <= state["step"]]
-            metrics_path.write_text("".join(f"{line}\n" for line in kept))
+        state = restore(ckpt, draft, opt, metrics_path)
     elif metrics_path.exists():
         metrics_path.unlink()
     (run_dir / "run.json").write_text(json.dumps({**settings, "command": command_line(cfg)}, indent=1))
 
     def checkpoint():
         blob = {"model": draft.state_dict(), "optimizer": opt.state_dict(), "config": settings, "state": state}
-        tmp = ckpt_path.with_name(ckpt_path.name + ".tmp")
-        torch.save(blob, tmp)
-        os.replace(tmp, ckpt_path)
+        atomic_write(ckpt_path, lambda tmp: torch.save(blob, tmp))
 
     def heldout():
         return heldout_set(target, tokenizer, cache, count=cfg.eval_windows, prompt_len=cfg.prompt_len,
