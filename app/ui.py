@@ -339,12 +339,10 @@ def _stream_text(gr, generator, prompt, method, spec, compare, params, options):
     pending_label = None
     stats, live = SpecStats(), LiveStats()
     tokens: list[int] = []
-    row_events = []  # row 0's events, for online learning
     events, busy = _timed(generator.stream(prompt, method=method, stats=stats, **options, **params))
     for event in events:
         if event.row != 0:
             continue
-        row_events.append(event)
         live.update(event)
         for token, source in zip(event.tokens, event.sources):
             tokens.append(token)
@@ -366,8 +364,7 @@ def _stream_text(gr, generator, prompt, method, spec, compare, params, options):
     summary = stats.summary(method=method, lossless=spec.lossless, wall_s=spec_s,
                             ar_step_s=generator.measure_step_s(prompt))
     online = getattr(generator, "online", None)
-    if online is not None and method == "draft":  # the draft learns from this request's rejections
-        online.observe(prompt_ids, row_events)
+    if online is not None and method == "draft":  # the stream, run to its end, taught the draft (OSD)
         summary["online_updates"] = online.updates
     compared = None
     if compare and not plain:

@@ -137,16 +137,24 @@ class TextGenerator:
             from specgen.samplers.trees import GreedyTreeMatch
 
             rule = GreedyTreeMatch()
-        yield from speculative_generate(
+        run = speculative_generate(
             TransformersTarget(self.model, capacity + getattr(drafter, "max_nodes", 0)), drafter, rule,
             [prompt_ids] * num_samples,
             processing=processing, max_new_tokens=max_new_tokens, policy=policy, seed=seed,
             stop_tokens=() if eos is None else (eos,), stats=stats)
+        if self.online is None or method != "draft" or num_samples != 1:
+            yield from run
+            return
+        events = []
+        for event in run:
+            events.append(event)
+            yield event
+        self.online.observe(prompt_ids, events)  # a request served to its end teaches the draft (OSD)
 
     def learn_online(self, *, interval: int = 8, lr: float = 1e-3, positions: str = "wrong"):
-        """Online speculative decoding (OSD): from now on every single-sample `generate` with method `draft` feeds
-        the positions where the draft was wrong to an `OnlineDistiller`, which updates the draft in place every
-        `interval` requests. Outputs stay exact (the target decides every token); only acceptance changes."""
+        """Online speculative decoding (OSD): from now on every single-sample request with method `draft` served to
+        its end (by `generate` or `stream`) feeds the positions where the draft was wrong to an `OnlineDistiller`,
+        which updates the draft in place every `interval` requests. Outputs stay exact (the target decides every token); only acceptance changes."""
         from specgen.modalities.text.distill.online import OnlineDistiller
 
         self.online = OnlineDistiller(self.draft_model, self.model, interval=interval, lr=lr, positions=positions)
@@ -157,16 +165,13 @@ class TextGenerator:
         started = time.perf_counter()
         num_samples = options.get("num_samples", 1)
         tokens: list[list[int]] = [[] for _ in range(num_samples)]
-        events = []
         for event in self.stream(prompt, method=method, stats=stats, **options):
             tokens[event.row].extend(event.tokens)
-            events.append(event)
         wall_s = time.perf_counter() - started
         spec = get_method("text", method)
         summary = stats.summary(method=method, lossless=spec.lossless, wall_s=wall_s,
                                 ar_step_s=self.measure_step_s(prompt))
         if self.online is not None and method == "draft" and num_samples == 1:
-            summary["online_update"] = self.online.observe(self.encode(prompt), events)
             summary["online_updates"] = self.online.updates
         samples = [{"text": self.tokenizer.decode(t, skip_special_tokens=True), "tokens": t} for t in tokens]
         return TextResult(samples[0]["text"], samples[0]["tokens"], summary, samples)

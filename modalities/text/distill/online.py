@@ -177,18 +177,24 @@ def request_stats(events: list[StepEvent]) -> dict:
 
 def run_stream(generator, prompts: Iterable[str], *, online: OnlineDistiller | None, max_new_tokens: int,
                num_draft_tokens: int, temperature: float = 0.0, desc: str = "stream") -> list[dict]:
-    """Serve `prompts` one by one with method "draft" and the generator's current draft; with `online`, feed every
-    finished request to it (which updates generator.draft_model in place). One dict per request."""
+    """Serve `prompts` one by one with method "draft" and the generator's current draft; with `online`, the
+    generator feeds every finished request to it (which updates generator.draft_model in place). One dict per
+    request."""
     from tqdm import tqdm
 
     if online is not None and online.draft is not generator.draft_model:
         raise InvalidRequest("the OnlineDistiller must update the generator's own draft model")
     prompts = list(prompts)
     results = []
-    for prompt in tqdm(prompts, desc=desc, file=sys.stderr, unit="req", dynamic_ncols=True):
-        events = list(generator.stream(prompt, method="draft", max_new_tokens=max_new_tokens,
-                                       temperature=temperature, num_draft_tokens=num_draft_tokens))
-        item = request_stats(events)
-        item["updated"] = online.observe(generator.encode(prompt), events) if online is not None else False
-        results.append(item)
+    previous, generator.online = generator.online, online
+    try:
+        for prompt in tqdm(prompts, desc=desc, file=sys.stderr, unit="req", dynamic_ncols=True):
+            updates = online.updates if online is not None else 0
+            events = list(generator.stream(prompt, method="draft", max_new_tokens=max_new_tokens,
+                                           temperature=temperature, num_draft_tokens=num_draft_tokens))
+            item = request_stats(events)
+            item["updated"] = online is not None and online.updates > updates
+            results.append(item)
+    finally:
+        generator.online = previous
     return results
