@@ -1,4 +1,5 @@
-"""What every trainer does with its run folder: write files atomically, and resume from a checkpoint.
+"""What every trainer does with its run folder: write files atomically, resume from a checkpoint, and export
+fp16 weights.
 
 A trainer's checkpoint holds at least `model`, `optimizer` and `state` (with `step` and `resumed_from`); its
 `metrics.jsonl` has one JSON object per line with a `step`.
@@ -6,8 +7,10 @@ A trainer's checkpoint holds at least `model`, `optimizer` and `state` (with `st
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import shutil
 from pathlib import Path
 
 
@@ -16,6 +19,23 @@ def atomic_write(path: Path, write) -> None:
     tmp = path.with_name(path.name + ".tmp")
     write(tmp)
     os.replace(tmp, path)
+
+
+def export_fp16(model, folder: Path, add_files=None, **save_options) -> Path:
+    """`model.save_pretrained` in fp16 into `folder`, replaced as a whole: written beside it (`add_files(tmp)` may
+    add files), made readable by every user (safetensors writes 0600), then renamed over it."""
+    folder = Path(folder)
+    tmp = folder.with_name(f".{folder.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    copy.deepcopy(model).half().save_pretrained(tmp, **save_options)
+    if add_files is not None:
+        add_files(tmp)
+    for path in tmp.iterdir():
+        path.chmod(0o644)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, folder)
+    return folder
 
 
 def restore(checkpoint: dict, model, optimizer, metrics_path: Path) -> dict:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -24,7 +23,7 @@ from pathlib import Path
 
 from specgen.errors import InvalidRequest
 from specgen.modalities.checkpoints import atomic_write as _atomic_write
-from specgen.modalities.checkpoints import restore
+from specgen.modalities.checkpoints import export_fp16, restore
 
 ROLES = ("vq", "target", "draft", "video")
 DEFAULTS = {  # role -> (steps, batch size, peak lr); the shipped recipe
@@ -317,18 +316,7 @@ class LMTask:
         pass
 
     def export(self, out: Path) -> None:
-        import copy
-        import shutil
-
-        tmp = out.with_name(f".{out.name}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        copy.deepcopy(self.model).half().save_pretrained(tmp)
-        self.vocab.save(tmp / "vocab.json")
-        for p in tmp.iterdir():
-            p.chmod(0o644)  # safetensors writes 0600; shipped files must be readable by every user
-        shutil.rmtree(out, ignore_errors=True)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, out)
+        export_fp16(self.model, out, lambda tmp: self.vocab.save(tmp / "vocab.json"))
 
 
 # ------------------------------------------------------------------------------------------- the training loop

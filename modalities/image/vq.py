@@ -9,7 +9,6 @@ at run time and shipped as fp16 safetensors.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -112,16 +111,6 @@ def psnr(a, b) -> float:
 
 def save_vq(vq, out_dir: str | Path) -> Path:
     """fp16 safetensors + config.json into out_dir (replaced as a whole)."""
-    import copy
-    import shutil
+    from specgen.modalities.checkpoints import export_fp16
 
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    copy.deepcopy(vq).half().save_pretrained(tmp, safe_serialization=True)
-    for p in tmp.iterdir():
-        p.chmod(0o644)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, out_dir)
-    return out_dir
+    return export_fp16(vq, Path(out_dir), safe_serialization=True)

@@ -13,15 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
 from specgen.errors import InvalidRequest, VocabularyMismatch
 from specgen.modalities.checkpoints import atomic_write as _atomic_write
-from specgen.modalities.checkpoints import restore
+from specgen.modalities.checkpoints import export_fp16, restore
 from specgen.modalities.text.models import ASSETS_CODE, VOCAB_SIZE
 
 # The shipped recipe. On one CPU core the budget is optimizer steps, not tokens: batches of 8 windows with a
@@ -255,7 +253,6 @@ def train_text_model(role: str, out_dir, steps: int, batch_size: int = DEFAULT_B
 
 def export(model, role: str, run_dir: Path, export_dir: Path, summary: dict) -> Path:
     """fp16 safetensors + config into export_dir/role; the run's tokenizer into export_dir (shared by both roles)."""
-    import copy
 
     export_dir.mkdir(parents=True, exist_ok=True)
     shared = export_dir / "tokenizer.json"
@@ -266,15 +263,8 @@ def export(model, role: str, run_dir: Path, export_dir: Path, summary: dict) -> 
         from specgen.modalities.text.models import load_tokenizer
 
         load_tokenizer(run_dir / "tokenizer").save_pretrained(export_dir)
-    final, tmp = export_dir / role, export_dir / f".{role}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    copy.deepcopy(model).half().save_pretrained(tmp)
-    (tmp / "training.json").write_text(json.dumps(summary, indent=1))
-    for path in tmp.iterdir():
-        path.chmod(0o644)  # safetensors writes 0600; shipped files must be readable by every user
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    return final
+    return export_fp16(model, export_dir / role,
+                       lambda tmp: (tmp / "training.json").write_text(json.dumps(summary, indent=1)))
 
 
 def _params_line(cfg: dict) -> str:

@@ -14,12 +14,10 @@ Data and teacher caches are keyed by their inputs and shared between runs (`cach
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import json
 import math
-import os
 import shutil
 import sys
 import time
@@ -31,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen.errors import InvalidRequest
-from specgen.modalities.checkpoints import atomic_write, restore
+from specgen.modalities.checkpoints import atomic_write, export_fp16, restore
 from specgen.modalities.text.distill import data as data_mod
 from specgen.modalities.text.distill.divergences import (DIVERGENCES, adaspec_keep, draft_buckets, token_divergence)
 from specgen.modalities.text.distill.teacher import (TeacherCache, frequent_vocab, score_windows, shrink_vocab,
@@ -391,23 +389,18 @@ def _coverage(heldout, vocab_ids) -> float:
 
 def export(draft, folder: Path, target_path: str, vocab_ids, summary: dict) -> Path:
     """fp16 weights, `vocab_ids.json` for a reduced vocabulary, the target's tokenizer and a model card."""
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    copy.deepcopy(draft).half().save_pretrained(tmp)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        for source in (Path(target_path) / name, Path(target_path).parent / name):
-            if source.exists():
-                shutil.copy(source, tmp / name)
-                break
-    if vocab_ids is not None:
-        (tmp / "vocab_ids.json").write_text(json.dumps(vocab_ids.tolist()))
-    (tmp / "training.json").write_text(json.dumps(summary, indent=1))
-    (tmp / "README.md").write_text(model_card(summary))
-    for path in tmp.iterdir():
-        path.chmod(0o644)
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(tmp, folder)
-    return folder
+    def add_files(tmp: Path) -> None:
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            for source in (Path(target_path) / name, Path(target_path).parent / name):
+                if source.exists():
+                    shutil.copy(source, tmp / name)
+                    break
+        if vocab_ids is not None:
+            (tmp / "vocab_ids.json").write_text(json.dumps(vocab_ids.tolist()))
+        (tmp / "training.json").write_text(json.dumps(summary, indent=1))
+        (tmp / "README.md").write_text(model_card(summary))
+
+    return export_fp16(draft, folder, add_files)
 
 
 def _before(summary: dict) -> str:
