@@ -32,10 +32,14 @@ class Windows:
 
     @property
     def loss_mask(self) -> np.ndarray:
-        """[n, length - 1] bool: input positions whose next token is a continuation token."""
-        mask = np.zeros((len(self.tokens), self.tokens.shape[1] - 1), dtype=bool)
-        mask[:, self.prompt_len - 1:] = True
-        return mask
+        return continuation_mask(len(self.tokens), self.prompt_len, self.tokens.shape[1] - self.prompt_len)
+
+
+def continuation_mask(rows: int, prompt_len: int, new_tokens: int) -> np.ndarray:
+    """[rows, prompt_len + new_tokens - 1] bool: the input positions whose next token is a continuation token."""
+    mask = np.zeros((rows, prompt_len + new_tokens - 1), dtype=bool)
+    mask[:, prompt_len - 1:] = True
+    return mask
 
 
 def model_sha256(folder: str | Path) -> str:
@@ -79,9 +83,7 @@ def sample_continuations(model, prompts: torch.Tensor, new_tokens: int, temperat
     was_training = model.training
     model.eval()
     generator = torch.Generator().manual_seed(seed)
-    tokens, cache = prompts, None
-    feed = prompts
-    out = []
+    cache, feed, out = None, prompts, []
     for _ in range(new_tokens):
         result = model(input_ids=feed, cache=cache, use_cache=True)
         cache, logits = result.cache, result.logits[:, -1].float()  # [n, vocab]
@@ -92,25 +94,29 @@ def sample_continuations(model, prompts: torch.Tensor, new_tokens: int, temperat
         out.append(nxt)
         feed = nxt[:, None]
     model.train(was_training)
-    return torch.cat([tokens, torch.stack(out, 1)], 1)
+    return torch.cat([prompts, torch.stack(out, 1)], 1)
 
 
 def target_windows(target, prompts: Windows, new_tokens: int, temperature: float, seed: int, folder: Path,
-                   chunk: int = 32, progress=None) -> Windows:
+                   chunk: int = 32) -> Windows:
     """The target's own continuations of `prompts`, generated chunk by chunk into `folder` (a killed run
     resumes at the first missing chunk; each chunk is seeded by (seed, chunk index))."""
+    import sys
+
+    from tqdm import tqdm
+
     folder.mkdir(parents=True, exist_ok=True)
     heads = torch.from_numpy(prompts.tokens[:, :prompts.prompt_len])
     parts = []
-    for index, start in enumerate(range(0, len(heads), chunk)):
+    starts = range(0, len(heads), chunk)
+    for index, start in enumerate(tqdm(starts, desc="target samples", unit="chunk", file=sys.stderr,
+                                       disable=len(starts) < 4, dynamic_ncols=True)):
         path = folder / f"chunk-{index:05d}.npy"
         if not path.exists():
             rows = sample_continuations(target, heads[start:start + chunk], new_tokens, temperature,
                                         seed=seed * 100_003 + index)
             _save_atomic(path, rows.numpy())
         parts.append(np.load(path))
-        if progress is not None:
-            progress(len(heads[:start + chunk]), len(heads))
     return Windows(np.concatenate(parts).astype(np.int64), prompts.prompt_len)
 
 

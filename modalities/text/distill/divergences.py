@@ -26,6 +26,15 @@ class TeacherTopK:
     top_logp: torch.Tensor  # [n, k] float32 log-probabilities of those tokens
     tail_logp: torch.Tensor  # [n] float32 log of the remaining mass (-inf when k covers the vocabulary)
 
+    def rows(self, keep: torch.Tensor) -> "TeacherTopK":
+        """The positions where `keep` [n] (bool) is set."""
+        return TeacherTopK(self.top_ids[keep], self.top_logp[keep], self.tail_logp[keep])
+
+    @staticmethod
+    def cat(parts: list["TeacherTopK"]) -> "TeacherTopK":
+        return TeacherTopK(*(torch.cat([getattr(p, name) for p in parts]) for name in ("top_ids", "top_logp",
+                                                                                        "tail_logp")))
+
     def buckets(self) -> torch.Tensor:
         """[n, k + 1] log-probabilities of the buckets (top-k, tail); [n, k] when there is no tail."""
         if bool(torch.isinf(self.tail_logp).all()):

@@ -41,12 +41,18 @@ def _heldout(target, tokenizer, cache, count, prompt_len, new_tokens, temperatur
     prompts = corpus_windows(stream, count, prompt_len, new_tokens, seed)
     folder = cache / f"heldout-t{temperature:g}-n{count}-p{prompt_len}-c{new_tokens}-s{seed}"
     windows = target_windows(target, prompts, new_tokens, temperature, seed, folder)
-    with torch.no_grad():
-        inputs = torch.from_numpy(windows.tokens[:, :-1])
-        logits = torch.cat([target(input_ids=inputs[i:i + 16]).logits.float() for i in range(0, len(inputs), 16)])
-    mask = torch.from_numpy(windows.loss_mask)
+    logits = _masked_logits(target, torch.from_numpy(windows.tokens[:, :-1]), windows)
     scale = temperature if temperature > 0 else 1.0
-    return HeldOut(windows, torch.log_softmax(logits[mask] / scale, -1), temperature)
+    return HeldOut(windows, torch.log_softmax(logits / scale, -1), temperature)
+
+
+@torch.no_grad()
+def _masked_logits(model, inputs: torch.Tensor, windows: Windows, batch_size: int = 16) -> torch.Tensor:
+    """[positions, vocab] float32 logits at the windows' continuation positions, in order (masked batch by
+    batch, so the whole [n, length, vocab] block is never held)."""
+    mask = torch.from_numpy(windows.loss_mask)
+    return torch.cat([model(input_ids=inputs[i:i + batch_size]).logits.float()[mask[i:i + batch_size]]
+                      for i in range(0, len(inputs), batch_size)])
 
 
 @torch.no_grad()
@@ -59,10 +65,8 @@ def teacher_forced(draft, heldout: HeldOut, vocab_ids: torch.Tensor | None = Non
     inputs = torch.from_numpy(heldout.windows.tokens[:, :-1])
     if to_draft is not None:
         inputs = to_draft[inputs]
-    logits = torch.cat([draft(input_ids=inputs[i:i + batch_size]).logits.float()
-                        for i in range(0, len(inputs), batch_size)])
+    logits = _masked_logits(draft, inputs, heldout.windows, batch_size)  # [positions, draft_vocab]
     draft.train(was_training)
-    logits = logits[torch.from_numpy(heldout.windows.loss_mask)]  # [positions, draft_vocab]
     scale = heldout.temperature if heldout.temperature > 0 else 1.0
     if vocab_ids is None:
         draft_logp = torch.log_softmax(logits / scale, -1)

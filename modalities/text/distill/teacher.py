@@ -12,10 +12,12 @@ Verification still runs on the full vocabulary, so decoding stays exact.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from specgen.modalities.checkpoints import atomic_write
 from specgen.modalities.text.distill.divergences import TeacherTopK, teacher_top_k
 
 
@@ -34,11 +36,12 @@ class TeacherCache:
                            torch.from_numpy(self.tail_logp[rows][pick]))
 
     def save(self, path) -> None:
-        import os
+        def write(tmp):
+            with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to the tmp name
+                np.savez(f, top_ids=self.top_ids, top_logp=self.top_logp, tail_logp=self.tail_logp,
+                         coverage=self.coverage)
 
-        tmp = f"{path}.tmp.npz"
-        np.savez(tmp, top_ids=self.top_ids, top_logp=self.top_logp, tail_logp=self.tail_logp, coverage=self.coverage)
-        os.replace(tmp, path)
+        atomic_write(Path(path), write)
 
     @classmethod
     def load(cls, path) -> "TeacherCache":
@@ -66,13 +69,19 @@ def target_top_k(target, tokens: torch.Tensor, k: int, temperature: float = 1.0,
 
 
 def score_windows(target, tokens: np.ndarray, k: int, temperature: float = 1.0, vocab_ids: torch.Tensor | None = None,
-                  batch_size: int = 16, progress=None) -> TeacherCache:
+                  batch_size: int = 16) -> TeacherCache:
     """Cache the target's law after each of the first length - 1 positions of every window [n, length]."""
+    import sys
+
+    from tqdm import tqdm
+
     inputs = torch.from_numpy(tokens[:, :-1])
     vocab = len(vocab_ids) if vocab_ids is not None else target.config.vocab_size
     id_type = np.int16 if vocab <= np.iinfo(np.int16).max + 1 else np.int32
     parts: dict[str, list] = {"top_ids": [], "top_logp": [], "tail_logp": [], "coverage": []}
-    for start in range(0, len(inputs), batch_size):
+    starts = range(0, len(inputs), batch_size)
+    for start in tqdm(starts, desc="target scoring", unit="batch", file=sys.stderr, disable=len(starts) < 4,
+                      dynamic_ncols=True):
         chunk = inputs[start:start + batch_size]
         teacher, log_coverage = target_top_k(target, chunk, k, temperature, vocab_ids)
         shape = chunk.shape
@@ -80,8 +89,6 @@ def score_windows(target, tokens: np.ndarray, k: int, temperature: float = 1.0, 
         parts["top_logp"].append(teacher.top_logp.reshape(*shape, -1).numpy().astype(np.float16))
         parts["tail_logp"].append(teacher.tail_logp.reshape(shape).numpy().astype(np.float32))
         parts["coverage"].append(log_coverage.exp().numpy().astype(np.float32))
-        if progress is not None:
-            progress(min(start + batch_size, len(inputs)), len(inputs))
     return TeacherCache(**{name: np.concatenate(arrays) for name, arrays in parts.items()})
 
 

@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from specgen.errors import InvalidRequest
 from specgen.modalities.checkpoints import atomic_write, export_fp16, restore
 from specgen.modalities.text.distill import data as data_mod
-from specgen.modalities.text.distill.divergences import (DIVERGENCES, adaspec_keep, draft_buckets, token_divergence)
+from specgen.modalities.text.distill.divergences import (DIVERGENCES, TeacherTopK, adaspec_keep, draft_buckets,
+                                                         token_divergence)
 from specgen.modalities.text.distill.teacher import (TeacherCache, frequent_vocab, score_windows, shrink_vocab,
                                                      target_top_k)
 
@@ -170,17 +171,18 @@ def _target_samples(cfg: DistillConfig, target, prompts: data_mod.Windows, cache
 class _Data:
     """Batches of (tokens [b, length], teacher) for a step, as a pure function of (seed, step) and the draft."""
 
-    def __init__(self, cfg: DistillConfig, target, tokenizer, cache: Path, vocab_ids, say):
-        self.cfg, self.target, self.vocab_ids = cfg, target, vocab_ids
-        self.prompts = prompts = _prompts(cfg, tokenizer, cache)
+    def __init__(self, cfg: DistillConfig, target, prompts: data_mod.Windows, samples: data_mod.Windows | None,
+                 cache: Path, vocab_ids, say):
+        self.cfg, self.target, self.prompts = cfg, target, prompts
         self.fixed, self.teacher = None, None
+        self.mask = data_mod.continuation_mask(cfg.batch_size, cfg.prompt_len, cfg.new_tokens)
         if cfg.data in ("corpus", "target", "mix"):
             key = _data_key(cfg)
             if cfg.data == "corpus":
                 self.fixed = prompts
             else:
                 say(f"target samples for {cfg.windows} prompts (cached in {cache})")
-                self.fixed = _target_samples(cfg, target, prompts, cache)
+                self.fixed = samples if samples is not None else _target_samples(cfg, target, prompts, cache)
             vocab_key = "full" if vocab_ids is None else "v" + hashlib.sha256(vocab_ids.numpy().tobytes()).hexdigest()[:12]
             path = cache / f"teacher-{cfg.data if cfg.data == 'corpus' else 'target'}-{key}-k{cfg.top_k}-{vocab_key}.npz"
             if not path.exists():
@@ -191,19 +193,15 @@ class _Data:
     def _rows(self, step: int, count: int) -> np.ndarray:
         """Dataset rows for a step: consecutive slices of a per-epoch permutation keyed by (seed, epoch)."""
         n = len(self.fixed.tokens)
-        first = step * count
-        rows = []
-        for i in range(first, first + count):
-            epoch, offset = divmod(i, n)
-            rows.append(np.random.default_rng((self.cfg.seed, epoch)).permutation(n)[offset])
-        return np.array(rows)
+        epochs, offsets = np.divmod(np.arange(step * count, (step + 1) * count), n)
+        orders = {int(e): np.random.default_rng((self.cfg.seed, int(e))).permutation(n) for e in np.unique(epochs)}
+        return np.array([orders[int(e)][o] for e, o in zip(epochs, offsets)], dtype=np.int64)
 
     def batch(self, step: int, draft):
         cfg = self.cfg
         on_policy = {"draft": cfg.batch_size, "mix": round(cfg.batch_size * cfg.mix_fraction)}.get(cfg.data, 0)
         fixed_rows = self._rows(step, cfg.batch_size - on_policy) if cfg.batch_size > on_policy else np.array([], int)
-        mask = np.zeros((cfg.batch_size, cfg.prompt_len + cfg.new_tokens - 1), dtype=bool)
-        mask[:, cfg.prompt_len - 1:] = True
+        mask = self.mask
         parts, teachers = [], []
         if len(fixed_rows):
             parts.append(torch.from_numpy(self.fixed.tokens[fixed_rows]))
@@ -214,13 +212,9 @@ class _Data:
             sampled = data_mod.sample_continuations(draft, heads, cfg.new_tokens, cfg.temperature,
                                                     seed=_step_seed(cfg.seed, step))
             teacher, _ = target_top_k(self.target, sampled[:, :-1], cfg.top_k, cfg.temperature)
-            keep = torch.from_numpy(mask[:on_policy].reshape(-1))
-            teachers.append(type(teacher)(teacher.top_ids[keep], teacher.top_logp[keep], teacher.tail_logp[keep]))
+            teachers.append(teacher.rows(torch.from_numpy(mask[:on_policy].reshape(-1))))
             parts.append(sampled)
-        tokens = torch.cat(parts)
-        teacher = teachers[0] if len(teachers) == 1 else type(teachers[0])(
-            *(torch.cat([getattr(t, f.name) for t in teachers]) for f in dataclasses.fields(teachers[0])))
-        return tokens, torch.from_numpy(mask), teacher
+        return torch.cat(parts), torch.from_numpy(mask), TeacherTopK.cat(teachers)
 
 
 def _draft_logits(model, tokens: torch.Tensor, to_draft, vocab: int | None) -> torch.Tensor:
@@ -279,14 +273,14 @@ def train_draft(cfg: DistillConfig, *, stop_after: int | None = None, say=_say) 
     cache = Path(cfg.cache_dir) if cfg.cache_dir else cache_dir() / "distill" / data_mod.model_sha256(target_path)
     cache.mkdir(parents=True, exist_ok=True)
 
-    vocab_ids = None
+    prompts, samples, vocab_ids = _prompts(cfg, tokenizer, cache), None, None
     if cfg.vocab_size is not None:  # frequency in the target's own samples (computed before any teacher cache)
-        samples = _target_samples(cfg, target, _prompts(cfg, tokenizer, cache), cache)
+        samples = _target_samples(cfg, target, prompts, cache)
         specials = (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id)
         ids = frequent_vocab([samples.tokens[:, cfg.prompt_len:]], cfg.vocab_size,
                              always=tuple(dict.fromkeys(i for i in specials if i is not None)))
         vocab_ids = torch.from_numpy(ids)
-    data = _Data(cfg, target, tokenizer, cache, vocab_ids, say)
+    data = _Data(cfg, target, prompts, samples, cache, vocab_ids, say)
 
     draft, prune = _init_draft(cfg, target, tokenizer, data.prompts.tokens[:256, :cfg.prompt_len])
     to_draft = None
