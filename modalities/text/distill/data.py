@@ -51,6 +51,13 @@ def model_sha256(folder: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def cache_folder(target_path: str | Path, override: str | Path | None = None) -> Path:
+    """Where the data and teacher caches for a target live: `override`, else $SPECGEN_HOME/distill/<target id>."""
+    from specgen.modalities.assets import cache_dir
+
+    return Path(override) if override else cache_dir() / "distill" / model_sha256(target_path)
+
+
 def corpus_stream(tokenizer, split: str, max_files: int | None, cache: Path) -> np.ndarray:
     """The corpus split as one token stream (each file <bos> text <eos>), cached per corpus and tokenizer."""
     from specgen.modalities.text.corpus import load_corpus

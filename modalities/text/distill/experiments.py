@@ -28,7 +28,7 @@ def _arm(loss, data, adaspec=None, step_multiplier=1.0, init=None, vocab_size=No
 
 
 EXPERIMENTS = {
-    "divergences": {  # every arm starts from the shipped draft
+    "divergences": {  # every arm starts from the same draft (--init, default: the shipped one)
         "ce-corpus": _arm("ce", "corpus"),
         "fkl-corpus": _arm("fkl", "corpus"),
         "fkl-target": _arm("fkl", "target"),
@@ -74,6 +74,7 @@ def _spread(values: list[float]) -> dict:
 
 
 def run_experiment(args) -> dict:
+    from specgen.modalities.text.distill.data import cache_folder
     from specgen.modalities.text.distill.evaluate import heldout_set, teacher_forced
     from specgen.modalities.text.distill.trainer import DistillConfig, train_draft
     from specgen.modalities.text.generator import default_models, load_causal_lm, load_tokenizer
@@ -82,7 +83,9 @@ def run_experiment(args) -> dict:
     arm_specs = EXPERIMENTS[args.experiment]
     prompts = [json.loads(line)["prompt"] for line in (_root() / "benchmarks/prompts/text.jsonl").read_text().splitlines()
                if line.strip()][:args.spec_prompts]
-    base = DistillConfig(out="", steps=args.steps, threads=args.threads, windows=args.windows)
+    start_path = args.init or draft_path  # the recorded runs started from the pre-distillation draft (docs/distill.md)
+    base = DistillConfig(out="", steps=args.steps, threads=args.threads, windows=args.windows,
+                         cache_dir=args.cache_dir)
     results: dict[str, dict] = {}
     started = time.time()
     arms = [a for a in arm_specs if a in args.arms.split(",")] if args.arms else list(arm_specs)
@@ -93,7 +96,7 @@ def run_experiment(args) -> dict:
         for seed in args.seeds:
             out = Path(args.runs_dir) / f"{arm}-s{seed}"
             cfg = replace(base, out=str(out), loss=spec["loss"], data=spec["data"], adaspec=keep, seed=seed,
-                          steps=steps, init=spec["init"], vocab_size=spec["vocab_size"],
+                          steps=steps, init=spec["init"] or args.init, vocab_size=spec["vocab_size"],
                           reference=str(Path(args.runs_dir) / f"fkl-target-s{seed}" / "export") if keep else None)
             done = out / "training.json"
             summary = json.loads(done.read_text()) if done.exists() else train_draft(cfg)
@@ -114,23 +117,17 @@ def run_experiment(args) -> dict:
                 results[arm][key] = _spread([r[key] for r in results[arm]["runs"]])
     # the starting draft, untrained further
     target = load_causal_lm(target_path)
-    heldout = heldout_set(target, load_tokenizer(target_path), Path(args.cache_dir) if args.cache_dir else _cache(target_path),
+    heldout = heldout_set(target, load_tokenizer(target_path), cache_folder(target_path, args.cache_dir),
                           count=base.eval_windows, prompt_len=base.prompt_len, new_tokens=base.new_tokens)
-    shipped = load_causal_lm(draft_path)
-    start = {**teacher_forced(shipped, heldout), "params": sum(p.numel() for p in shipped.parameters())}
+    initial = load_causal_lm(start_path)
+    start = {**teacher_forced(initial, heldout), "params": sum(p.numel() for p in initial.parameters()),
+             "path": start_path}
     if prompts:
-        start["speculative"] = _speculative(target_path, Path(draft_path), prompts)
+        start["speculative"] = _speculative(target_path, Path(start_path), prompts)
     return {"experiment": args.experiment, "arms": results, "start": start, "seeds": args.seeds, "steps": args.steps,
             "settings": {k: v for k, v in vars(base).items() if k not in ("out", "cache_dir")},
             "spec_prompts": len(prompts), "wall_s": round(time.time() - started, 1),
             "command": "python -m specgen.modalities.text.distill.experiments " + " ".join(sys.argv[1:])}
-
-
-def _cache(target_path: str) -> Path:
-    from specgen.modalities.assets import cache_dir
-    from specgen.modalities.text.distill.data import model_sha256
-
-    return cache_dir() / "distill" / model_sha256(target_path)
 
 
 def _verdicts(result: dict) -> list[str]:
@@ -167,8 +164,8 @@ def render_markdown(result: dict, plot: str) -> str:
     coverage = any("coverage" in arm["runs"][0] for arm in arms.values())
     lines = [f"# {TITLES.get(result['experiment'], result['experiment'])}", "",
              f"Command: `{result['command']}` ({result['wall_s']} s). Target `assets/code/target`; arms start from "
-             f"the shipped draft (`assets/code/draft`, α = {start['alpha']:.4f} before) unless the start column says "
-             f"otherwise. {result['steps']} steps × {result['settings']['batch_size']} windows (32-token prompts, "
+             f"the initial draft ({start.get('path', 'assets/code/draft')}, α = {start['alpha']:.4f}) unless the "
+             f"start column says otherwise. {result['steps']} steps × {result['settings']['batch_size']} windows (32-token prompts, "
              f"64 continuation tokens with a loss), lr {result['settings']['lr']:g}, temperature 1, "
              f"top-{result['settings']['top_k']} teacher cache, {result['settings']['windows']} fixed windows; "
              f"seeds {result['seeds']} (a seed orders the data and draws on-policy samples). α = Σ min(target, draft) "
@@ -182,14 +179,14 @@ def render_markdown(result: dict, plot: str) -> str:
              "|" + "---|" * (16 + coverage)]
     spec0 = start.get("speculative", {})
     params = _count(start.get("params"))
-    lines.append(f"| start (shipped draft) | — | — | — | {params} | 0 | 0 | {start['alpha']:.4f} | — | "
+    lines.append(f"| start (initial draft) | — | — | — | {params} | 0 | 0 | {start['alpha']:.4f} | — | "
                  f"{start['greedy_agreement']:.4f} | {start['fkl']:.4f} |" + (" 1 |" if coverage else "") +
                  f" {_acc(spec0, 't1')} | {_acc(spec0, 't0')} | {_tau(spec0)} | {_tps(spec0)} | — |")
     for name, arm in arms.items():
         first = arm["runs"][0]
         spec = first.get("speculative", {})
         loss = arm["loss"] + (f" + AdaSPEC k={arm['adaspec']:g}" if arm["adaspec"] else "")
-        begin = arm.get("init") or "shipped draft"
+        begin = arm.get("init") or "initial draft"
         if "prune" in first:
             removed = first["prune"]["layers_removed"]
             begin = f"target less layers {removed[0]}–{removed[-1]}"
@@ -311,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec-prompts", type=int, default=10, help="text bench prompts decoded per arm")
     parser.add_argument("--runs-dir", help="run folders (default: runs/distill-<experiment>)")
     parser.add_argument("--cache-dir")
+    parser.add_argument("--init", help="the draft every arm starts from (default: the shipped one; the recorded "
+                                       "runs used the pre-distillation draft, see docs/distill.md)")
     parser.add_argument("--out-dir", type=Path, default=_root() / "benchmarks")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)

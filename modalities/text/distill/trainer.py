@@ -257,7 +257,6 @@ def train_draft(cfg: DistillConfig, *, stop_after: int | None = None, say=_say) 
     `stop_after` ends the process's work after that many steps (tests use it to simulate a kill)."""
     from tqdm import tqdm
 
-    from specgen.modalities.assets import cache_dir
     from specgen.modalities.text.distill.evaluate import heldout_set, teacher_forced
     from specgen.modalities.text.generator import default_models, load_tokenizer
 
@@ -270,7 +269,7 @@ def train_draft(cfg: DistillConfig, *, stop_after: int | None = None, say=_say) 
     for p in target.parameters():
         p.requires_grad_(False)
     tokenizer = load_tokenizer(target_path)
-    cache = Path(cfg.cache_dir) if cfg.cache_dir else cache_dir() / "distill" / data_mod.model_sha256(target_path)
+    cache = data_mod.cache_folder(target_path, cfg.cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
 
     prompts, samples, vocab_ids = _prompts(cfg, tokenizer, cache), None, None
