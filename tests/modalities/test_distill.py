@@ -265,3 +265,67 @@ def test_caches_are_keyed_by_the_target_weights(tmp_path):
 
     target, draft = save_tiny_pair(tmp_path / "models")
     assert model_sha256(target) == model_sha256(target) != model_sha256(draft)
+
+
+class _MisreportedLaw:
+    """Negative control: a drafter that reports a uniform law over its vocabulary instead of the law it drew from."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def propose(self, ctx, budget):
+        import dataclasses
+
+        draft = self.inner.propose(ctx, budget)
+        return dataclasses.replace(draft, draft_probs=torch.full_like(draft.draft_probs, 1 / draft.draft_probs.shape[-1]))
+
+    def observe(self, verdict):
+        self.inner.observe(verdict)
+
+
+@pytest.mark.slow
+def test_reduced_vocabulary_draft_samples_the_target_and_a_misreported_law_is_caught():
+    """Chi-square of 3-token continuations of a tiny random Llama (vocabulary 6) drafted by a shrunk draft over 3 of
+    its tokens, against the target's exact joint; the same draft reporting a wrong law must fail the test."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specgen.modalities.model_drafter import ModelDrafter
+    from specgen.modalities.transformers_adapter import TransformersTarget
+    from specgen.samplers.acceptance import ChainRejection
+    from specgen.samplers.chisquare import goodness_of_fit
+    from specgen.samplers.loop import generate
+    from specgen.samplers.oracle import target_joint
+    from specgen.samplers.policies import FixedLength
+    from specgen.samplers.processing import Processing
+
+    def tiny(seed, layers, hidden):
+        torch.manual_seed(seed)
+        config = LlamaConfig(vocab_size=6, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                             initializer_range=0.2)
+        return LlamaForCausalLM(config).double().eval()
+
+    class Scored:  # target_joint scores any logits(context)
+        def __init__(self, model):
+            self.model = model
+
+        def logits(self, context):
+            with torch.no_grad():
+                return self.model(input_ids=torch.tensor([context])).logits[0, -1]
+
+    target, vocab_ids = tiny(7, 2, 32), torch.tensor([0, 2, 3])
+    draft = shrink_vocab(tiny(8, 1, 16), vocab_ids)
+    processing, prompt, samples = Processing(temperature=1.0), [1, 2], 3000
+    expected = target_joint(Scored(target), processing, prompt, 3)
+
+    def fit(wrap):
+        drafter = wrap(ModelDrafter(draft, processing, target_vocab_size=6, vocab_ids=vocab_ids, unknown_id=3))
+        result = generate(TransformersTarget(target), drafter, ChainRejection(), [torch.tensor(prompt)] * samples,
+                          processing=processing, max_new_tokens=3, policy=FixedLength(3), seed=11)
+        assert result.stats["accepted"] > 0
+        return goodness_of_fit([tuple(t) for t in result.tokens], expected)
+
+    exact = fit(lambda d: d)
+    assert exact.p_value > 1e-4, exact
+    control = fit(_MisreportedLaw)
+    assert control.p_value < 1e-6, control
