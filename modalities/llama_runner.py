@@ -29,6 +29,7 @@ class LlamaRunner:
         self.embed, self.rotary = body.embed_tokens.weight, body.rotary_emb
         self.final_norm = (body.norm.weight, body.norm.variance_epsilon)
         self.lm_head = model.lm_head.weight
+        self.keep_hidden, self.last_hidden = False, None
         self.layers = []
         for layer in body.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -44,9 +45,18 @@ class LlamaRunner:
 
     @torch.no_grad()
     def forward(self, tokens, positions, cache, attention_mask, logits_to_keep: int = 0) -> torch.Tensor:
-        """tokens, positions: [rows, n]; attention_mask: additive [rows, 1, n, width]. Returns logits."""
-        rows, n = tokens.shape
-        hidden = F.embedding(tokens, self.embed)  # [rows, n, d]
+        """tokens, positions: [rows, n]; attention_mask: additive [rows, 1, n, width]. Returns logits.
+        With `keep_hidden` set, the final-normed hidden states of every slot are kept in `last_hidden` (the
+        features an EAGLE-style draft head reads)."""
+        hidden = self.forward_hidden(F.embedding(tokens, self.embed), positions, cache, attention_mask)
+        if self.keep_hidden:
+            self.last_hidden = hidden
+        return F.linear(hidden[:, -logits_to_keep:] if logits_to_keep else hidden, self.lm_head)
+
+    @torch.no_grad()
+    def forward_hidden(self, hidden, positions, cache, attention_mask) -> torch.Tensor:
+        """The layers and the final norm over input vectors `hidden` [rows, n, d]; returns [rows, n, d]."""
+        rows, n = hidden.shape[:2]
         cos, sin = self.rotary(hidden, positions)  # [rows, n, head_dim]
         cos, sin = cos[:, None], sin[:, None]
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -64,8 +74,7 @@ class LlamaRunner:
             x = _rms_norm(hidden, *layer["norm_post"])
             gate, up = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
             hidden = hidden + F.linear(F.silu(gate) * up, layer["down"])
-        hidden = _rms_norm(hidden if not logits_to_keep else hidden[:, -logits_to_keep:], *self.final_norm)
-        return F.linear(hidden, self.lm_head)
+        return _rms_norm(hidden, *self.final_norm)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

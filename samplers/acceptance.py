@@ -111,8 +111,7 @@ class TreeRejection:
             for rank in range(children.shape[-1]):
                 kid = children[:, node, rank]
                 has_kid = kid >= 0
-                prob, next_residual, next_draft = kernels.sibling_step(
-                    residual, draft, tree.tokens[rows, kid.clamp(min=0)], self.siblings == "without_replacement")
+                prob, next_residual, next_draft = self.sibling_step(residual, draft, tree.tokens[rows, kid.clamp(min=0)])
                 accept[rows[has_kid], kid[has_kid]] = prob[has_kid]
                 residual = torch.where(has_kid[:, None], next_residual, residual)
                 if draft is not None:
@@ -125,10 +124,7 @@ class TreeRejection:
         if isinstance(tree, Draft):  # chain noise is per drafted token; tree noise per node (node 0 is never tested)
             accept_uniform = torch.cat([accept_uniform.new_ones(accept_uniform.shape[0], 1), accept_uniform], 1)
         tree = self._as_tree(tree, target_probs.shape[-1])
-        draft_probs = None if self.siblings == "deterministic" else tree.draft_probs
-        path, tokens, num_accepted, rejected = kernels.tree_rejection_sample(
-            tree.tokens, tree.verified_parents, draft_probs, target_probs, accept_uniform, noise.emit_uniform,
-            self.siblings == "without_replacement")
+        path, tokens, num_accepted, rejected = self.walk(tree, target_probs, accept_uniform, noise.emit_uniform)
         width = int(tree.depths.max()) + 1  # the same layout whatever was accepted ([batch, k + 1] for a chain)
         path = torch.nn.functional.pad(path, (0, width - path.shape[1]), value=-1)
         tokens = torch.nn.functional.pad(tokens, (0, width - tokens.shape[1]), value=PLACEHOLDER)
@@ -139,6 +135,17 @@ class TreeRejection:
         drafted = torch.full((tree.batch_size,), tree.num_nodes - 1, dtype=torch.long)
         return Verdict(num_accepted=num_accepted, tokens=tokens, source=source, num_drafted=drafted,
                        accepted_path=path)
+
+    def walk(self, tree: DraftTree, target_probs: torch.Tensor, accept_uniform: torch.Tensor,
+             emit_uniform: torch.Tensor):
+        """(path, tokens, num_accepted, rejected) of one verification walk (`kernels.tree_rejection_sample`)."""
+        draft_probs = None if self.siblings == "deterministic" else tree.draft_probs
+        return kernels.tree_rejection_sample(tree.tokens, tree.verified_parents, draft_probs, target_probs,
+                                             accept_uniform, emit_uniform, self.siblings == "without_replacement")
+
+    def sibling_step(self, residual: torch.Tensor, draft: torch.Tensor | None, token: torch.Tensor):
+        """One child's test at its parent: (accept prob, residual if rejected, draft law if rejected)."""
+        return kernels.sibling_step(residual, draft, token, self.siblings == "without_replacement")
 
     def _draft_at(self, tree: DraftTree, node: int) -> torch.Tensor | None:
         if tree.draft_probs is None or self.siblings == "deterministic":
