@@ -335,6 +335,17 @@ def bench_image(args) -> int:
     if getattr(args, "max_new_tokens", None) is not None:
         raise InvalidRequest(f"--max-new-tokens does not apply to {modality}: every run generates one whole {modality}")
     out_dir = getattr(args, "out_dir", None) or benchmarks_dir()
+    if modality == "image":
+        from specgen.app.bench_lantern import HEAD_METHODS, bench_lantern
+
+        head_methods = [m for m in (args.methods or HEAD_METHODS) if m in HEAD_METHODS]
+        if head_methods:
+            result = bench_lantern(args, head_methods)
+            if args.methods and not [m for m in args.methods if m not in HEAD_METHODS and m != "ar"]:
+                if args.json:
+                    print(json.dumps(result))
+                return 0  # only head methods were asked for
+        args.methods = [m for m in args.methods if m not in HEAD_METHODS] if args.methods else None
     started = time.perf_counter()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     result = run_bench_image(prompts_path=args.prompts, methods=args.methods, repeats=args.repeats,

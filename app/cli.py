@@ -236,6 +236,17 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--window", type=_int_at_least(2, 256), metavar="L",
                            help="Jacobi window: tokens scored per step (default: the method's)")
             p.add_argument("--init", choices=("random", "left"), help="how empty window slots are drafted")
+            if modality == "image":
+                p.add_argument("--head", metavar="DIR", help="eagle/lantern/lantern++: the draft head folder "
+                                                             "(default: the shipped assets/image/head)")
+                p.add_argument("--shape", metavar="NAME", help="eagle/lantern/lantern++: static draft tree, 'eagle', "
+                                                               "'chain-N' or 'k-ary-WxD' (default: the method's)")
+                p.add_argument("--neighbours", type=_int_at_least(1), metavar="K",
+                               help="lantern/lantern++: latent neighbours a code may borrow mass from")
+                p.add_argument("--lam", type=_finite_float, metavar="LAMBDA",
+                               help="lantern++: p~ <= lambda p, >= 1 (1 = exact; default: the method's)")
+                p.add_argument("--delta", type=_finite_float, metavar="D",
+                               help="lantern: the most mass a code may borrow, in [0, 1] (0 = exact)")
             p.add_argument("--num-samples", type=_int_at_least(1), default=1, metavar="N",
                            help="independent samples, batched; saved as one grid (default: 1)")
             if modality == "video":
@@ -289,6 +300,17 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--windows", type=_int_list(2, 256), metavar="L,L,...",
                            help="Jacobi windows to sweep (default: " + ("2..64" if modality == "image" else "8..128")
                            + ")")
+            if modality == "image":
+                p.add_argument("--head", metavar="DIR", help="draft head of eagle/lantern/lantern++ (default: shipped)")
+                p.add_argument("--shape", metavar="NAME", help="their static tree (default: the methods')")
+                p.add_argument("--lambdas", type=_float_list(1.0, 1000.0), metavar="L,L,...",
+                               help="lantern++ lambdas to sweep (default: 1.5,2,3,5,10)")
+                p.add_argument("--deltas", type=_float_list(0.0, 1.0), metavar="D,D,...",
+                               help="lantern deltas to sweep (default: 0.1)")
+                p.add_argument("--quality-samples", type=_int_at_least(20), metavar="N",
+                               help="also measure quality: N images per setting, Fréchet distance on the shipped "
+                                    "classifier's features and class accuracy (the recorded run uses 2000; hours "
+                                    "on one CPU core; resumable)")
         if modality == "speech":
             p.add_argument("--thetas", type=_float_list(0.0, 1.0), metavar="T,T,...",
                            help="pcg group thresholds to sweep (default when pcg runs: 0.4,0.3,0.25,0.2; pcg's "
@@ -328,10 +350,11 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train a model (resumes from checkpoints)",
                                 description="Train a target or draft model; every trainer resumes from its checkpoints.")
     kinds = train.add_subparsers(dest="what", metavar="WHAT", required=True)
-    for what in ("text", "draft", "image", "speech"):
+    for what in ("text", "draft", "image", "image-head", "image-classifier", "speech"):
         p = command(kinds, what, f"train the {what} model", f"train {what}",
                     handler={"text": _train_text, "draft": _train_draft, "image": _train_image,
-                              "speech": _train_speech}.get(what))
+                             "image-head": _train_image_extra, "image-classifier": _train_image_extra,
+                             "speech": _train_speech}.get(what))
         p.add_argument("--out", type=Path, metavar="DIR", help="checkpoint folder (resumed when it holds one)")
         p.add_argument("--steps", type=_int_at_least(1), metavar="N", help="optimiser steps (default: the recipe's)")
         p.add_argument("--seed", type=_int_at_least(0, MAX_SEED), default=0, help="default: 0")
@@ -471,6 +494,21 @@ def _bench_speech(args: argparse.Namespace) -> int:
 
     _use_threads(args.threads)
     return bench_speech(args)
+
+
+def _train_image_extra(args: argparse.Namespace) -> int:
+    """`train image-head` (the EAGLE-style head of lantern/lantern++) and `train image-classifier` (the quality
+    classifier): OUT holds the run, OUT/export the result."""
+    if args.what == "image-head":
+        from specgen.modalities.image.eagle_head.train import main
+    else:
+        from specgen.modalities.image.quality.classifier import main
+    argv = ["--seed", str(args.seed), "--threads", str(args.threads)]
+    if args.steps:
+        argv += ["--steps", str(args.steps)]
+    if args.out:
+        argv += ["--run-dir", str(args.out), "--out", str(args.out / "export")]
+    return int(main(argv) or 0)
 
 
 def _train_speech(args: argparse.Namespace) -> int:

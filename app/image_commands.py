@@ -15,7 +15,8 @@ def generate_image(args) -> int:
     from specgen.samplers.stats import SpecStats
 
     modality = getattr(args, "modality", "image")
-    generator = ImageGenerator(model=args.model, vq=args.vq, threads=args.threads, video=modality == "video")
+    generator = ImageGenerator(model=args.model, vq=args.vq, head=getattr(args, "head", None), threads=args.threads,
+                               video=modality == "video")
     if generator.modality != modality:
         from specgen.errors import InvalidRequest
 
@@ -23,15 +24,22 @@ def generate_image(args) -> int:
                              f"model; use `specgen generate {generator.modality}`")
     method = args.method or "mc-sjd"
     knobs = {k: v for k, v in (("window", args.window), ("init", args.init)) if v is not None}
-    if knobs and get_method(modality, method).drafter is None:
+    if knobs and not (get_method(modality, method).drafter or "").startswith("jacobi"):
         from specgen.errors import InvalidRequest
 
         raise InvalidRequest(f"--window and --init apply to Jacobi methods, not {method!r}")
+    head_knobs = (("shape", "shape"), ("neighbours", "neighbours"), ("lam", "lam"), ("delta", "delta"))
+    knobs.update({knob: getattr(args, arg) for knob, arg in head_knobs if getattr(args, arg, None) is not None})
     prompt = args.prompt or args.class_label
     # check the whole request before the progress bar starts, so an error stays one line
     generator.vocab.prompt_ids(prompt)
     generator.processing(temperature=args.temperature, top_k=args.top_k, guidance_scale=args.guidance)
-    get_method(modality, method).resolve_knobs(knobs)
+    resolved = get_method(modality, method).resolve_knobs(knobs)
+    if "shape" in resolved:
+        from specgen.samplers.trees import named_shape
+
+        named_shape(resolved["shape"])
+        generator.head  # a missing head is an error before any work
     stats = SpecStats()
     tokens: list[list[int]] = [[] for _ in range(args.num_samples)]
     started = time.perf_counter()

@@ -144,14 +144,22 @@ class TransformersTarget:
 
     @torch.no_grad()  # not inference_mode: the cache tensors are updated in place later
     def _forward(self, tokens, positions, rows, window_mask, logits_to_keep=0):
-        """tokens/positions: [rows, n]; window_mask: [rows, n, n] bool (slot attends to slot)."""
+        """tokens/positions: [rows, n]; window_mask: [rows, n, n] bool (slot attends to slot). Float `tokens`
+        [rows, n, d] are input vectors (an EAGLE head's fused inputs): the result is then the final-normed hidden
+        states, not logits (Llama runner only)."""
         self.forward_calls += 1
         n = tokens.shape[1]
         width = self.cache.begin(rows, n)
+        if tokens.is_floating_point():
+            if self.runner is None:
+                raise InvalidRequest("scoring input vectors needs a Llama-architecture model")
+            run = lambda mask: self.runner.forward_hidden(tokens, positions, self.cache, mask)  # noqa: E731
+        elif self.runner is not None:
+            run = lambda mask: self.runner.forward(tokens, positions, self.cache, mask, logits_to_keep)  # noqa: E731
         if (self.runner is not None and n == 1 and self.cache.common_start is not None
                 and (self.sliding_window is None or width <= self.sliding_window)):
             # one new token per row, every row the same length: it sees every key, no mask needed
-            return self.runner.forward(tokens, positions, self.cache, None, logits_to_keep)
+            return run(None)
         lengths = self.cache.lengths[rows]  # [rows]
         cols = torch.arange(width)
         cached = cols[None, None, :] < lengths[:, None, None]  # [rows, 1, width]
@@ -169,7 +177,7 @@ class TransformersTarget:
                     for name, m in masks.items()}  # [rows, 1, n, width]
         attention_mask = additive if self.layer_types else additive["full_attention"]
         if self.runner is not None:
-            return self.runner.forward(tokens, positions, self.cache, attention_mask, logits_to_keep)
+            return run(attention_mask)
         return self.model(input_ids=tokens, position_ids=positions, attention_mask=attention_mask, cache=self.cache,
                           use_cache=True, logits_to_keep=logits_to_keep).logits
 

@@ -148,26 +148,31 @@ class TreeDrafter(ModelDrafter):
                 for j, (subset, wanted) in enumerate(zip(subsets, requests))]
 
     def _as_tree(self, builders: list[trees.TreeBuilder]) -> DraftTree:
-        size = max(len(b.tokens) for b in builders)
-        vocab = self.engine.vocab_size
-        tokens = torch.zeros(len(builders), size, dtype=torch.long)
-        parents = torch.zeros(len(builders), size, dtype=torch.long)
-        probs = torch.zeros(len(builders), size, vocab) if self.siblings == "without_replacement" else None
-        for j, b in enumerate(builders):
-            row_tokens, row_parents = list(b.tokens), list(b.parents)
-            filler = row_tokens[1] if len(row_tokens) > 1 else row_tokens[0]
-            while len(row_tokens) < size:
-                # a repeat of the root's first child, tried last among the root's children: after that child
-                # was rejected it has draft and target probability 0, so it is never accepted
-                row_tokens.append(filler)
-                row_parents.append(0)
-            tokens[j] = torch.tensor(row_tokens)
-            parents[j] = torch.tensor(row_parents)
-            if probs is not None:
-                for node, law in enumerate(b.laws):
-                    if law is not None:
-                        probs[j, node] = law
-        return DraftTree(tokens, parents, probs)
+        return tree_from_builders(builders, self.engine.vocab_size, self.siblings == "without_replacement")
+
+
+def tree_from_builders(builders: list[trees.TreeBuilder], vocab: int, with_laws: bool) -> DraftTree:
+    """The rows' built trees as one DraftTree, smaller trees padded to the largest; `with_laws` stores each
+    node's law (for children drawn without replacement)."""
+    size = max(len(b.tokens) for b in builders)
+    tokens = torch.zeros(len(builders), size, dtype=torch.long)
+    parents = torch.zeros(len(builders), size, dtype=torch.long)
+    probs = torch.zeros(len(builders), size, vocab) if with_laws else None
+    for j, b in enumerate(builders):
+        row_tokens, row_parents = list(b.tokens), list(b.parents)
+        filler = row_tokens[1] if len(row_tokens) > 1 else row_tokens[0]
+        while len(row_tokens) < size:
+            # a repeat of the root's first child, tried last among the root's children: after that child
+            # was rejected it has draft and target probability 0, so it is never accepted
+            row_tokens.append(filler)
+            row_parents.append(0)
+        tokens[j] = torch.tensor(row_tokens)
+        parents[j] = torch.tensor(row_parents)
+        if probs is not None:
+            for node, law in enumerate(b.laws):
+                if law is not None:
+                    probs[j, node] = law
+    return DraftTree(tokens, parents, probs)
 
 
 def trees_ancestor_mask(parents: torch.Tensor) -> torch.Tensor:

@@ -170,6 +170,14 @@ def make_rule(key: str, processing: Processing, **options):
         return GreedyMatch() if processing.greedy else ChainRejection()
     if key == "tree":
         return TreeRejection(options.get("siblings", "without_replacement"))
+    if key == "lantern":  # relaxed (lossy) tree verification over latent neighbours
+        from specgen.samplers.lantern import Relaxation, RelaxedTreeRejection
+
+        if options.get("neighbours") is None:
+            raise InvalidRequest("the lantern rule needs a latent neighbour table (neighbours=[vocab, K])")
+        relaxation = Relaxation(options["neighbours"], options["k"], delta=options.get("delta"),
+                                lam=options.get("lam"))
+        return RelaxedTreeRejection(relaxation, options.get("siblings", "without_replacement"))
     if key in ("group", "tolerance"):  # relaxed (lossy) rules; at temperature 0 they relax greedy matching too
         from specgen.samplers.group_acceptance import GroupRejection, ToleranceRejection
 

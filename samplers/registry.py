@@ -187,6 +187,31 @@ for _modality, _sjd_window, _window in (("image", 8, 32), ("video", 16, 32)):
                         paper="So et al. 2025 (MC-SJD / speculative coupled decoding)", knobs=(_knob, JACOBI_INIT)))
 
 
+# Image only: static draft trees from the EAGLE-style head over the image target's features, verified exactly
+# (eagle) or with LANTERN's relaxed acceptance over latent neighbours in the VQ codebook (lantern, lantern++).
+# Defaults: benchmarks/image-lantern-latest.md (the lambda sweep).
+HEAD_TREE = Knob("shape", str, "eagle", "static draft tree: 'eagle' (EAGLE-1's 25-node tree), 'chain-N' or "
+                 "'k-ary-WxD'")
+NEIGHBOURS = Knob("neighbours", int, 10, "k: latent neighbours a drafted code may borrow target mass from", 1, 4096)
+register(MethodSpec("eagle", "image", True,
+                    "an EAGLE-style head over the target's features drafts a static tree (children without "
+                    "replacement); exact tree verification", drafter="eagle-head", rule="tree",
+                    paper="Li et al. 2024, EAGLE (arXiv 2401.15077)", knobs=(HEAD_TREE,)))
+register(MethodSpec("lantern", "image", False,
+                    "the head's tree of top candidates, each accepted with min(1, p + mass of its nearest latent "
+                    "neighbours), the moved mass at most delta (additive); TV-optimal residual",
+                    drafter="eagle-head", rule="lantern", paper="Jang et al. 2024, LANTERN (arXiv 2410.03355)",
+                    knobs=(HEAD_TREE, NEIGHBOURS,
+                           Knob("delta", float, 0.1, "the most target mass a code may borrow (0 = exact)", 0.0, 1.0))))
+register(MethodSpec("lantern++", "image", False,
+                    "the head's static tree (children without replacement), each code accepted with "
+                    "min(1, p~/q) where p~ <= lambda p borrows the mass of its nearest latent neighbours; "
+                    "TV-optimal residual", drafter="eagle-head", rule="lantern",
+                    paper="Park et al. 2025, LANTERN++ (arXiv 2502.06352)",
+                    knobs=(HEAD_TREE, NEIGHBOURS,
+                           Knob("lam", float, 2.0, "lambda: p~(x) <= lambda p(x) (1 = exact)", 1.0, 1000.0))))
+
+
 # ---- speech -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ChoiceKnob(Knob):

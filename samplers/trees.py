@@ -421,6 +421,10 @@ def keyed_order(builder: TreeBuilder, node: int, law: torch.Tensor, width: int, 
         n = builder.parents[n]
     key = node_key(sample, root_position, [builder.tokens[0], *reversed(path)])
     position = root_position + len(path) + 1  # where this node's children go
+    support = (law > 0).nonzero().flatten()
+    if support.numel() >= width:  # noise for the law's support only: the same draws (keyed by token), far fewer
+        exponential = counter_exponential(seed, key, position, Purpose.DRAFT_GUMBEL, support)
+        return support[gumbel_order(law[support], exponential, width)]
     exponential = counter_exponential(seed, key, position, Purpose.DRAFT_GUMBEL, torch.arange(law.shape[-1]))
     return gumbel_order(law, exponential, width)
 

@@ -6,7 +6,8 @@ video model "red K moving right on blue"). A video is its frames' codes one fram
 target scores its conditioned and unconditioned rows in one batched forward (`GuidedTarget`), and one
 `Processing` applies guidance, the image-codes-only constraint, temperature and top-k to every slot of every
 window, for plain decoding and verification alike. Methods come from the registry: `ar`, `sjd`, `mc-sjd`,
-`gumbel-sjd` (all exact). Without arguments it loads the image model shipped in `assets/image/`; with
+`gumbel-sjd`, `eagle` (all exact; `eagle` drafts trees with the EAGLE-style head in assets/image/head) and the
+relaxed `lantern` (delta) and `lantern++` (lambda) over latent neighbours in the VQ codebook. Without arguments it loads the image model shipped in `assets/image/`; with
 `video=True` the video model.
 """
 
@@ -23,7 +24,10 @@ from specgen.errors import InvalidRequest
 from specgen.modalities.image import vq as vq_codec
 from specgen.modalities.image.models import default_paths, load_image_lm, load_image_vocab
 from specgen.modalities.transformers_adapter import TransformersTarget, measure_window_s
+from specgen.modalities.image.eagle_head.drafter import EagleTreeDrafter
+from specgen.samplers import trees
 from specgen.samplers.acceptance import make_rule
+from specgen.samplers.lantern import latent_neighbours
 from specgen.samplers.guided import GuidedTarget
 from specgen.samplers.jacobi import JacobiDrafter
 from specgen.samplers.loop import speculative_generate
@@ -59,7 +63,8 @@ class ImageResult:
 
 
 class ImageGenerator:
-    def __init__(self, model: str | Path | None = None, vq: str | Path | None = None, *, threads: int | None = 1,
+    def __init__(self, model: str | Path | None = None, vq: str | Path | None = None, *, head: str | Path | None = None,
+                 threads: int | None = 1,
                  dtype: torch.dtype = torch.float32, video: bool = False):
         if threads:
             torch.set_num_threads(threads)
@@ -70,7 +75,10 @@ class ImageGenerator:
         self.vocab = load_image_vocab(self.model_path)
         self.modality = "video" if self.vocab.frames > 1 else "image"  # the registry's method table to use
         self._vq = None
-        self.last_drafter: JacobiDrafter | None = None
+        self.head_path = Path(head or paths["head"])
+        self._head, self._neighbours = None, {}
+        self.last_drafter: JacobiDrafter | EagleTreeDrafter | None = None
+        self.last_rule = None
 
     @property
     def vq(self):
@@ -97,19 +105,52 @@ class ImageGenerator:
             raise InvalidRequest(f"num_samples must be >= 1, got {num_samples}")
         processing = self.processing(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
         prompt_ids = self.vocab.prompt_ids(prompt)
-        capacity = len(prompt_ids) + self.vocab.image_tokens + knobs.get("window", 1)  # the cache never holds more
-        target = TransformersTarget(self.model, capacity=capacity)
-        if processing.guidance_scale is not None:
+        shape = trees.named_shape(knobs["shape"]) if spec.drafter == "eagle-head" else []
+        # the cache never holds more than the prompt, the codes and one scored window or tree
+        capacity = len(prompt_ids) + self.vocab.image_tokens + knobs.get("window", 1) + len(shape)
+        inner = target = TransformersTarget(self.model, capacity=capacity)
+        guided = processing.guidance_scale is not None
+        if guided:
             target = GuidedTarget(target, lambda _: self.vocab.uncond_ids())
-        drafter, policy = None, FixedLength(0)
-        if spec.drafter is not None:
+        drafter, policy, rule_options = None, FixedLength(0), {}
+        if spec.drafter == "eagle-head":
+            if self.modality != "image":
+                raise InvalidRequest(f"{method} needs the image model and its draft head")
+            drafter = EagleTreeDrafter(self.model, inner, self.head, processing, shape,
+                                       siblings="deterministic" if method == "lantern" else "without_replacement",
+                                       uncond_prompt=self.vocab.uncond_ids() if guided else None, capacity=capacity)
+            policy = FixedLength(max(trees.depths_of(shape)))
+            rule_options["siblings"] = drafter.siblings
+            if spec.rule == "lantern":
+                rule_options.update(neighbours=self.neighbours(knobs["neighbours"]), k=knobs["neighbours"],
+                                    delta=knobs.get("delta"), lam=knobs.get("lam"))
+        elif spec.drafter is not None:
             allowed = torch.arange(self.vocab.vocab_size) < self.vocab.num_codes
             drafter = JacobiDrafter(self.vocab.vocab_size, spec.drafter.removeprefix("jacobi-"), knobs["init"], allowed)
             policy = FixedLength(knobs["window"] - 1)
         self.last_drafter = drafter
-        yield from speculative_generate(target, drafter, make_rule(spec.rule, processing), [prompt_ids] * num_samples,
+        self.last_rule = make_rule(spec.rule, processing, **rule_options)
+        yield from speculative_generate(target, drafter, self.last_rule, [prompt_ids] * num_samples,
                                         processing=processing, max_new_tokens=self.vocab.image_tokens, policy=policy,
                                         seed=seed, stats=stats)
+
+    @property
+    def head(self):
+        """The EAGLE-style draft head (assets/image/head unless `head=` was given), loaded on first use."""
+        if self._head is None:
+            from specgen.modalities.image.eagle_head.head import EagleHead
+
+            self._head = EagleHead.load(self.head_path, dtype=next(self.model.parameters()).dtype)
+        return self._head
+
+    def neighbours(self, k: int) -> torch.Tensor:
+        """[vocab, k] latent neighbours of every code in the VQ codebook (LANTERN's proximity sets)."""
+        if k not in self._neighbours:
+            codebook = self.vq.quantize.embedding.weight.detach()
+            if not k < codebook.shape[0]:
+                raise InvalidRequest(f"neighbours must be below the codebook size {codebook.shape[0]}, got {k}")
+            self._neighbours[k] = latent_neighbours(codebook, k, self.vocab.vocab_size)
+        return self._neighbours[k]
 
     def generate(self, prompt: str, *, method: str = "mc-sjd", ar_step_s: float | None = None,
                  **options) -> ImageResult:
@@ -127,7 +168,9 @@ class ImageGenerator:
         """The stats of the last run, with the Jacobi window's mean number of drafts changed per step."""
         summary = stats.summary(method=method, lossless=get_method(self.modality, method).lossless, wall_s=wall_s,
                                 ar_step_s=ar_step_s)
-        if self.last_drafter is not None:
+        if getattr(self.last_rule, "relaxation", None) is not None:
+            summary["relaxed_share"] = self.last_rule.relaxed_share  # accepted codes the exact test would reject
+        if isinstance(self.last_drafter, JacobiDrafter):
             changed = self.last_drafter.changed
             summary["changed_per_step"] = sum(changed) / len(changed) if changed else 0.0
         return summary

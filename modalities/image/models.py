@@ -33,7 +33,8 @@ def assets_dir() -> Path:
 
 def default_paths() -> dict[str, Path]:
     base = assets_dir()
-    return {"vq": base / "vq", "target": base / "target", "draft": base / "draft", "video": base / "video"}
+    return {"vq": base / "vq", "target": base / "target", "draft": base / "draft", "video": base / "video",
+            "head": base / "head"}
 
 
 def image_model_config(role: str, vocab: ImageVocab):

@@ -54,7 +54,7 @@ def test_bad_requests_get_clear_errors(grid4):
     with pytest.raises(InvalidRequest, match="unknown word"):
         generator.generate("purple Q", method="ar")
     with pytest.raises(InvalidRequest, match="unknown image method"):
-        generator.generate("red K", method="lantern")
+        generator.generate("red K", method="medusa")
     with pytest.raises(InvalidRequest, match="window"):
         generator.generate("red K", method="mc-sjd", window=1)
     with pytest.raises(InvalidRequest, match="initialisation"):

@@ -1,0 +1,267 @@
+"""`specgen bench image` for the draft head's methods: plain decoding, exact tree decoding with the EAGLE-style
+head (`eagle`), LANTERN (delta) and LANTERN++ at each lambda of the sweep, side by side in one process on
+`benchmarks/prompts/image.jsonl`. Writes benchmarks/bench-image-lantern-STAMP.{json,md,png} and
+image-lantern-latest.*.
+
+Speed: per prompt and repeat every setting runs once after `ar`, same seed; reported per setting: steps, tau
+(tokens per step), the share of accepted codes the exact test would have rejected, and the wall-clock speedup
+over `ar` of the same round (median with a bootstrap 95 % interval). Greedy `eagle` must reproduce `ar` token
+for token on every prompt.
+
+Quality (--quality-samples N): N images per setting over the prompts of the first N/10 validation items (ten
+samples each), scored by the shipped classifier (assets/image/classifier): the Fréchet distance of its features
+to the VQ reconstructions of the first N validation images, the AR-vs-AR floor (a second AR set with another
+seed), and accuracy on the requested class. Generated codes are cached per setting and prompt under
+$SPECGEN_HOME/bench-lantern, so an interrupted run resumes. The target: a lambda with speedup >= 2 whose FD
+exceeds AR's by at most max(0.1 FD_AR, 2 x floor).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specgen.app.bench_text import _cpu_model, _load, benchmarks_dir, bootstrap_median_ci, load_prompts, source_state
+
+HEAD_METHODS = ("eagle", "lantern", "lantern++")
+LAMBDAS = (1.5, 2.0, 3.0, 5.0, 10.0)
+DELTAS = (0.1,)
+SAMPLES_PER_PROMPT = 10
+
+
+def settings(methods, lambdas, deltas) -> list[tuple[str, dict]]:
+    out = []
+    if "eagle" in methods:
+        out.append(("eagle", {}))
+    if "lantern" in methods:
+        out += [("lantern", {"delta": d}) for d in deltas]
+    if "lantern++" in methods:
+        out += [("lantern++", {"lam": lam}) for lam in lambdas]
+    return out
+
+
+def label(method: str, knobs: dict) -> str:
+    extra = ", ".join(f"{'λ' if k == 'lam' else 'δ' if k == 'delta' else k} {v:g}" if isinstance(v, float)
+                      else f"{k} {v}" for k, v in knobs.items())
+    return f"{method} ({extra})" if extra else method
+
+
+def run_speed(generator, prompts, chosen, repeats: int, shape: str | None, progress) -> dict:
+    runs, exact = [], []
+    extra = {"shape": shape} if shape else {}
+    for prompt in prompts:
+        ar_greedy = generator.generate(prompt.prompt, method="ar", temperature=0.0, seed=0)
+        if any(m == "eagle" for m, _ in chosen):
+            eagle_greedy = generator.generate(prompt.prompt, method="eagle", temperature=0.0, seed=0, **extra)
+            exact.append({"prompt": prompt.id, "identical_to_ar": eagle_greedy.tokens == ar_greedy.tokens})
+        for repeat in range(repeats):
+            ar = generator.generate(prompt.prompt, method="ar", seed=repeat)
+            progress.update(1)
+            for method, knobs in chosen:
+                result = generator.generate(prompt.prompt, method=method, seed=repeat, **knobs, **extra)
+                stats = result.stats
+                runs.append({"prompt": prompt.id, "category": prompt.category, "repeat": repeat,
+                             "setting": label(method, knobs), "method": method, "knobs": knobs,
+                             "steps": stats["steps"], "tau": stats["tau"], "wall_s": stats["wall_s"],
+                             "relaxed_share": stats.get("relaxed_share"),
+                             "speedup": ar.stats["wall_s"] / stats["wall_s"], "ar_wall_s": ar.stats["wall_s"]})
+                progress.update(1)
+    table = []
+    for name in dict.fromkeys(r["setting"] for r in runs):
+        items = [r for r in runs if r["setting"] == name]
+        median, low, high = bootstrap_median_ci([r["speedup"] for r in items])
+        shares = [r["relaxed_share"] for r in items if r["relaxed_share"] is not None]
+        table.append({"setting": name, "method": items[0]["method"], "knobs": items[0]["knobs"], "runs": len(items),
+                      "steps": statistics.median(r["steps"] for r in items),
+                      "tau": statistics.median(r["tau"] for r in items),
+                      "relaxed_share": statistics.median(shares) if shares else None,
+                      "speedup": median, "speedup_ci95": [low, high] if len(items) > 1 else None})
+    return {"table": table, "items": runs, "exactness": exact,
+            "all_identical_to_ar": all(e["identical_to_ar"] for e in exact)}
+
+
+# ---- quality ------------------------------------------------------------------------------------------------------
+
+def quality_prompts(n: int):
+    from specgen.modalities.image.data import make_item
+
+    items = [make_item(i, split="val") for i in range(max(1, n // SAMPLES_PER_PROMPT))]
+    return [(item.prompt, item.cls) for item in items]
+
+
+def sample_set(generator, method: str, knobs: dict, n: int, seed: int, cache: Path, progress) -> np.ndarray:
+    """Codes [n, 256] of `method` over the quality prompts, cached per prompt (resumable)."""
+    from specgen.modalities.checkpoints import atomic_write
+
+    folder = cache / f"{label(method, knobs).replace(' ', '_')}-seed{seed}"
+    folder.mkdir(parents=True, exist_ok=True)
+    codes = []
+    for index, (prompt, _) in enumerate(quality_prompts(n)):
+        path = folder / f"{index:05d}.npy"
+        if not path.exists():
+            result = generator.generate(prompt, method=method, seed=seed * 100_000 + index,
+                                        num_samples=SAMPLES_PER_PROMPT, **knobs)
+            array = np.array(result.tokens, dtype=np.int16)
+            atomic_write(path, lambda p, a=array: np.save(p.open("wb"), a))
+        codes.append(np.load(path))
+        progress.update(1)
+    return np.concatenate(codes)[:n]
+
+
+def run_quality(generator, chosen, n: int, cache: Path, progress) -> dict:
+    from specgen.modalities.image.models import assets_dir
+    from specgen.modalities.image.quality import classifier as clf
+    from specgen.modalities.image.quality.frechet import frechet_distance
+    from specgen.modalities.image import vq as vq_codec
+    from specgen.modalities.image.data import make_dataset
+
+    model = clf.load(assets_dir() / "classifier")
+    names = {name: i for i, name in enumerate(clf.class_names())}
+    wanted = np.repeat([names[c] for _, c in quality_prompts(n)], SAMPLES_PER_PROMPT)[:n]
+    real = vq_codec.reconstruct(generator.vq, make_dataset(n, split="val").images)
+    real_features, _ = clf.embed(model, real)
+
+    def score(codes):
+        images = vq_codec.decode(generator.vq, torch.as_tensor(codes.astype(np.int64)).reshape(-1, 16, 16))
+        features, probs = clf.embed(model, images)
+        return features, float((probs.argmax(-1) == wanted).mean())
+
+    ar_a, ar_accuracy = score(sample_set(generator, "ar", {}, n, 0, cache, progress))
+    ar_b, _ = score(sample_set(generator, "ar", {}, n, 1, cache, progress))
+    fd_ar = frechet_distance(ar_a, real_features)
+    out = {"samples": n, "fd_ar": fd_ar, "fd_ar_second_seed": frechet_distance(ar_b, real_features),
+           "floor_ar_vs_ar": frechet_distance(ar_a, ar_b), "accuracy_ar": ar_accuracy, "settings": {}}
+    out["allowed_excess"] = max(0.1 * fd_ar, 2 * out["floor_ar_vs_ar"])
+    for method, knobs in chosen:
+        features, accuracy = score(sample_set(generator, method, knobs, n, 0, cache, progress))
+        fd = frechet_distance(features, real_features)
+        out["settings"][label(method, knobs)] = {"fd": fd, "fd_excess": fd - fd_ar, "fd_to_ar": frechet_distance(
+            features, ar_a), "accuracy": accuracy, "within_bound": fd - fd_ar <= out["allowed_excess"]}
+    return out
+
+
+# ---- report -------------------------------------------------------------------------------------------------------
+
+def plot_frontier(path: Path, result: dict) -> None:
+    """Speedup over ar against the FD excess over AR (with the allowed excess shaded), or against lambda when
+    quality was not measured. Pillow only."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    font = ImageFont.load_default(size=13) if hasattr(ImageFont, "load_default") else None
+    rows = result["speed"]["table"]
+    quality = result.get("quality")
+    w, h, pad = 620, 380, 60
+    image = Image.new("RGB", (w + 2 * pad, h + 2 * pad + 20), "white")
+    draw = ImageDraw.Draw(image)
+    xs = [quality["settings"][r["setting"]]["fd_excess"] for r in rows] if quality else list(range(len(rows)))
+    low_x, high_x = min([0.0, *xs]), max([1e-9, *xs]) * 1.15 + 1e-9
+    high_y = max([2.2, *(r["speedup"] for r in rows)]) * 1.1
+    x = lambda v: pad + (v - low_x) / (high_x - low_x) * w  # noqa: E731
+    y = lambda v: pad + h - v / high_y * h  # noqa: E731
+    if quality:
+        draw.rectangle([x(low_x), pad, x(min(quality["allowed_excess"], high_x)), pad + h], fill=(225, 240, 225))
+    draw.rectangle([pad, pad, pad + w, pad + h], outline="black")
+    for tick in (0.5, 1, 1.5, 2, 3, 4):
+        if tick < high_y:
+            draw.line([pad, y(tick), pad + w, y(tick)], fill=(220, 220, 220) if tick != 2 else (200, 120, 120))
+            draw.text((pad - 34, y(tick) - 7), f"{tick:g}x", fill="black", font=font)
+    title = ("speedup over ar vs FD excess over AR (green: allowed)" if quality
+             else "speedup over ar per setting (run with --quality-samples for the FD axis)")
+    draw.text((pad, pad - 24), title, fill="black", font=font)
+    for value, row in zip(xs, rows):
+        cx, cy = x(value), y(row["speedup"])
+        draw.ellipse([cx - 5, cy - 5, cx + 5, cy + 5], fill=(70, 130, 180))
+        draw.text((cx + 7, cy - 7), row["setting"], fill="black", font=font)
+    if quality:
+        for value in (low_x, high_x):
+            draw.text((x(value) - 10, pad + h + 6), f"{value:.2f}", fill="black", font=font)
+    image.save(path)
+
+
+def render_markdown(result: dict, plot_name: str | None) -> str:
+    env, speed = result["env"], result["speed"]
+    lines = ["# specgen bench image: EAGLE head, LANTERN, LANTERN++", "",
+             f"{env['timestamp_utc']} · commit {(env.get('git_commit') or '?')[:12]}"
+             f"{' (with uncommitted changes)' if env.get('git_dirty') else ''} · {env['cpu_model']} · "
+             f"{env['threads']} thread(s) · load {env.get('load_before')} → {env.get('load_after')}", "",
+             f"Command: `{env.get('command', '')}` · tree `{env['shape']}` · neighbours k = {env['neighbours']} · "
+             f"{len(result['prompts'])} prompts × {env['repeats']} repeat(s); temperature 1, top-k 50, guidance 3.",
+             "", "| setting | steps | τ | relaxed share | speedup vs ar [95 % CI] |", "|---|---|---|---|---|"]
+    for row in speed["table"]:
+        ci = row["speedup_ci95"]
+        share = "—" if row["relaxed_share"] is None else f"{row['relaxed_share']:.2f}"
+        lines.append(f"| {row['setting']} | {row['steps']:.0f} | {row['tau']:.2f} | {share} | "
+                     f"{row['speedup']:.2f}×" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") + " |")
+    lines += ["", f"Greedy `eagle` identical to `ar` on every prompt: {speed['all_identical_to_ar']}."]
+    quality = result.get("quality")
+    if quality:
+        lines += ["", f"## Quality ({quality['samples']} samples per setting)", "",
+                  f"Fréchet distance on the classifier's features to VQ reconstructions of {quality['samples']} "
+                  f"validation images: AR {quality['fd_ar']:.3f} (second AR seed {quality['fd_ar_second_seed']:.3f}); "
+                  f"AR-vs-AR floor {quality['floor_ar_vs_ar']:.3f}; allowed excess "
+                  f"max(0.1 FD_AR, 2 floor) = {quality['allowed_excess']:.3f}. Accuracy on the requested class: "
+                  f"AR {quality['accuracy_ar']:.3f}.", "",
+                  "| setting | FD | FD − FD_AR | within bound | FD to AR set | accuracy | speedup |",
+                  "|---|---|---|---|---|---|---|"]
+        speedups = {r["setting"]: r["speedup"] for r in speed["table"]}
+        for name, q in quality["settings"].items():
+            lines.append(f"| {name} | {q['fd']:.3f} | {q['fd_excess']:+.3f} | {'yes' if q['within_bound'] else 'no'} "
+                         f"| {q['fd_to_ar']:.3f} | {q['accuracy']:.3f} | {speedups.get(name, float('nan')):.2f}× |")
+        met = [n for n, q in quality["settings"].items() if q["within_bound"] and speedups.get(n, 0) >= 2
+               and n.startswith("lantern++")]
+        lines += ["", f"Target (lantern++ ≥ 2× within the FD bound): {'met by ' + ', '.join(met) if met else 'not met'}."]
+    if plot_name:
+        lines += ["", f"![frontier]({plot_name})"]
+    return "\n".join(lines) + "\n"
+
+
+def bench_lantern(args, methods) -> dict:
+    from tqdm import tqdm
+
+    from specgen.modalities.assets import cache_dir
+    from specgen.modalities.image.generator import ImageGenerator
+    from specgen.samplers.registry import get_method
+
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    generator = ImageGenerator(getattr(args, "model", None), head=getattr(args, "head", None), threads=args.threads)
+    prompts = load_prompts(args.prompts or benchmarks_dir() / "prompts" / "image.jsonl", classes=True)
+    chosen = settings(methods, args.lambdas or LAMBDAS, args.deltas or DELTAS)
+    shape = getattr(args, "shape", None)
+    defaults = get_method("image", "lantern++").resolve_knobs({})
+    load_before = _load()
+    started = time.perf_counter()
+    generator.generate(prompts[0].prompt, method="eagle")  # warm-up
+    quality_n = getattr(args, "quality_samples", None) or 0
+    total = len(prompts) * args.repeats * (1 + len(chosen))
+    if quality_n:
+        total += (2 + len(chosen)) * len(quality_prompts(quality_n))
+    with tqdm(total=total, desc="bench image (head)", unit="run", file=sys.stderr) as progress:
+        speed = run_speed(generator, prompts, chosen, args.repeats, shape, progress)
+        quality = run_quality(generator, [(m, {**k, **({"shape": shape} if shape else {})}) for m, k in chosen],
+                              quality_n, cache_dir() / "bench-lantern", progress) if quality_n else None
+    result = {"speed": speed, "quality": quality, "prompts": [p.id for p in prompts],
+              "env": {**source_state(), "timestamp_utc": stamp, "cpu_model": _cpu_model(), "threads": args.threads,
+                      "load_before": load_before, "load_after": _load(), "repeats": args.repeats,
+                      "shape": shape or defaults["shape"], "neighbours": defaults["neighbours"],
+                      "head": str(generator.head_path), "wall_s": time.perf_counter() - started,
+                      "command": "specgen " + " ".join(getattr(args, "argv", []))}}
+    out_dir = Path(getattr(args, "out_dir", None) or benchmarks_dir())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base = out_dir / f"bench-image-lantern-{stamp}"
+    plot_frontier(base.with_suffix(".png"), result)
+    base.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    base.with_suffix(".md").write_text(render_markdown(result, base.with_suffix(".png").name))
+    import shutil
+
+    for kind in ("json", "png"):
+        shutil.copyfile(base.with_suffix(f".{kind}"), out_dir / f"image-lantern-latest.{kind}")
+    (out_dir / "image-lantern-latest.md").write_text(render_markdown(result, "image-lantern-latest.png"))
+    print(f"wrote {base}.{{json,md,png}}", file=sys.stderr)
+    return result

@@ -1,0 +1,220 @@
+"""Static draft trees from the EAGLE-style head (EAGLE-1's trees, as LANTERN++ uses), guidance included.
+
+Features. The target keeps its final-normed hidden states (`LlamaRunner.keep_hidden`); after prefill and after
+every verification this drafter stores the features of the slots that were kept. A row whose context is
+x_0..x_{L-1} (x_{L-1} pending) has features f_0..f_{L-2}.
+
+Head cache. Pair t is fc([embed(x_t); f_{t-1}]) at position t; the head's own position-indexed cache holds pairs
+1..m. Each step first feeds the missing true pairs up to t = L - 1 (the pending token) and commits them; the
+last one's output predicts f_{L-1}, whose law (target lm_head, the same Processing as the target: guidance,
+codes only, temperature, top-k) drafts the root's children. A child y of a node with predicted feature g is
+the pair fc([embed(y); g]) one position deeper; every tree round scores the requested nodes and their
+ancestors with the ancestor mask and commits nothing (EAGLE-1: deeper nodes feed on predicted features).
+
+Guidance. The unconditioned twin of each row runs through the head too (its own features, its own prompt), and
+the draft law combines both halves exactly as the target's does (LANTERN's drafters do the same).
+
+Children: without replacement by Gumbel-top-k keyed per node (verify with siblings="without_replacement"),
+or the top candidates at temperature 0 ("deterministic")."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from specgen.modalities.image.eagle_head.head import EagleHead
+from specgen.modalities.transformers_adapter import TransformersTarget
+from specgen.modalities.tree_drafter import tree_from_builders, trees_ancestor_mask
+from specgen.samplers import trees
+from specgen.samplers.processing import Processing
+from specgen.samplers.types import DecodeContext, DraftTree
+
+
+class EagleTreeDrafter:
+    def __init__(self, target_model, feature_target: TransformersTarget, head: EagleHead, processing: Processing,
+                 shape: Sequence[int], *, siblings: str | None = None, uncond_prompt: torch.Tensor | None = None,
+                 capacity: int = 1024):
+        """feature_target: the (inner, unguided) TransformersTarget the loop verifies with; its runner keeps
+        hidden states. siblings: "without_replacement" (default when sampling) or "deterministic" (the top
+        candidates; always so at temperature 0). uncond_prompt: the unconditioned prompt when the target is
+        guided (rows r and r + batch)."""
+        if feature_target.runner is None:
+            raise ValueError("the EAGLE head needs a Llama-architecture target (its features come from our runner)")
+        feature_target.runner.keep_hidden = True
+        self.features_from = feature_target.runner
+        self.embed = target_model.model.embed_tokens.weight.detach()
+        self.lm_head = target_model.lm_head.weight.detach()
+        self.head = head
+        self.engine = TransformersTarget(head.body, capacity=capacity + 2 * len(shape) + 2)
+        self.processing = processing
+        self.shape = list(shape)
+        self.siblings = "deterministic" if processing.greedy else (siblings or "without_replacement")
+        self.rank_processing = processing if not processing.greedy else Processing(
+            temperature=1.0, top_k=processing.top_k, guidance_scale=processing.guidance_scale, hooks=processing.hooks)
+        self.uncond_prompt = None if uncond_prompt is None else torch.as_tensor(uncond_prompt)
+        self.guided = uncond_prompt is not None
+        self.batch = 0
+        self.features: list[torch.Tensor] = []  # per head row: [positions known, d]
+        self.head_len: list[int] = []  # per head row: pairs in the head cache
+        self.forward_calls = 0
+        self._step_rows: torch.Tensor | None = None
+
+    # ---- rows ------------------------------------------------------------------------------------------------
+    def _head_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.cat([rows, rows + self.batch]) if self.guided else rows
+
+    def _tokens(self, row_tokens: torch.Tensor, half: int) -> torch.Tensor:
+        if half == 0:
+            return row_tokens
+        prompt = self.uncond_prompt
+        return torch.cat([prompt, row_tokens[len(prompt):]])
+
+    def _start(self, ctx: DecodeContext) -> None:
+        """First step: the batch size and the prompt features the target's prefill left."""
+        self.batch = int(ctx.rows.max()) + 1
+        halves = 2 if self.guided else 1
+        hidden = self.features_from.last_hidden  # [halves * batch, P - 1, d] after prefill
+        lengths = [len(t) - 1 for t in ctx.tokens]
+        self.features = [hidden[r][: lengths[r % self.batch]].clone() if lengths[r % self.batch] else
+                         hidden.new_zeros(0, hidden.shape[-1]) for r in range(halves * self.batch)]
+        self.head_len = [0] * (halves * self.batch)
+        self.engine.prefill([torch.zeros(1, dtype=torch.long)] * (halves * self.batch))  # empty caches
+
+    # ---- one step ---------------------------------------------------------------------------------------------
+    def propose(self, ctx: DecodeContext, budget: int) -> DraftTree:
+        if self.batch == 0:
+            self._start(ctx)
+        rows = ctx.rows
+        self._step_rows = rows
+        head_rows = self._head_rows(rows)
+        halves = 2 if self.guided else 1
+        contexts = [self._tokens(ctx.tokens[i % len(rows)], i // len(rows)) for i in range(len(head_rows))]
+        root_features = self._catch_up(head_rows.tolist(), contexts)  # [head rows, d]: predicted f_{L-1}
+        root_laws = self._laws(root_features[:, None], (ctx.next_positions)[:, None])[:, 0]  # [rows, vocab]
+        builders = [self._builder(ctx, i, budget) for i in range(len(rows))]
+        node_features: list[dict[int, torch.Tensor]] = [{0: root_features[i::len(rows)]} for i in range(len(rows))]
+
+        def laws_for(requests):
+            out = [{} for _ in requests]
+            later = [i for i, r in enumerate(requests) if r and r != [0]]
+            for i, r in enumerate(requests):
+                if r == [0]:
+                    out[i][0] = root_laws[i]
+            if later:
+                laws = self._score_nodes(ctx, builders, node_features, later, [requests[i] for i in later], halves)
+                for i, law in zip(later, laws):
+                    out[i] = law
+            return out
+
+        trees.run_builders(builders, laws_for)
+        return tree_from_builders(builders, self.lm_head.shape[0], self.siblings == "without_replacement")
+
+    def observe(self, verdict) -> None:
+        """Keep the target's features of the slots verification kept (the pending token and the accepted path)."""
+        if self._step_rows is None:  # the loop drafted nothing this step (its last token): no features needed
+            return
+        rows, self._step_rows = self._step_rows, None
+        hidden = self.features_from.last_hidden  # [halves * rows, slots, d]
+        path = verdict.accepted_path
+        for half in range(2 if self.guided else 1):
+            for i, row in enumerate(rows.tolist()):
+                kept = path[i][path[i] >= 0] if path is not None else torch.arange(int(verdict.num_accepted[i]) + 1)
+                r = row + half * self.batch
+                self.features[r] = torch.cat([self.features[r], hidden[half * len(rows) + i, kept]])
+
+    # ---- head forwards ---------------------------------------------------------------------------------------
+    def _pair(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        # tokens [n], features [..., n, d] -> head inputs [..., n, d]
+        return self.head.inputs(self.embed[tokens].expand_as(features), features)
+
+    def _catch_up(self, head_rows: list[int], contexts: list[torch.Tensor]) -> torch.Tensor:
+        """Feed each row's missing true pairs t = head_len + 1 .. L - 1 and commit them; returns the last output."""
+        starts = [self.head_len[r] + 1 for r in head_rows]
+        ends = [len(c) - 1 for c in contexts]  # the pending token's position
+        width = max(e - s + 1 for s, e in zip(starts, ends))
+        dim = self.embed.shape[1]
+        inputs = self.embed.new_zeros(len(head_rows), width, dim)
+        positions = torch.zeros(len(head_rows), width, dtype=torch.long)
+        counts = torch.tensor([e - s + 1 for s, e in zip(starts, ends)])
+        for j, (r, s, e, context) in enumerate(zip(head_rows, starts, ends, contexts)):
+            t = torch.arange(s, e + 1)
+            inputs[j, : len(t)] = self._pair(context[t], self.features[r][t - 1])
+            positions[j, : len(t)] = t
+            positions[j, len(t):] = e  # padding slots: never kept
+        valid = torch.arange(width) < counts[:, None]
+        mask = torch.ones(width, width, dtype=torch.bool).tril() & valid[:, None, :]
+        mask |= torch.eye(width, dtype=torch.bool)
+        hidden = self.engine.score(inputs, positions, torch.tensor(head_rows), mask)  # [rows, width, d]
+        self.forward_calls += 1
+        self.engine.commit(valid, torch.tensor(head_rows))
+        for r, e in zip(head_rows, ends):
+            self.head_len[r] = e
+        return hidden[torch.arange(len(head_rows)), counts - 1]
+
+    def _laws(self, features: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Predicted features [halves * rows, n, d] -> the draft's processed laws [rows, n, vocab]."""
+        logits = torch.nn.functional.linear(features, self.lm_head)
+        if self.guided:
+            cond, uncond = logits.chunk(2)
+            return self.rank_processing(cond, positions, uncond)
+        return self.rank_processing(logits, positions)
+
+    def _score_nodes(self, ctx, builders, node_features, index, requests, halves) -> list[dict]:
+        """Laws at the requested nodes (rows `index`), from one head forward over them and their non-root
+        ancestors; stores each scored node's predicted feature for its children."""
+        subsets = []
+        for i, wanted in zip(index, requests):
+            b, needed = builders[i], set()
+            for node in wanted:
+                while node > 0 and node not in needed:
+                    needed.add(node)
+                    node = b.parents[node]
+            subsets.append(sorted(needed))
+        width, dim = max(len(s) for s in subsets), self.embed.shape[1]
+        inputs = self.embed.new_zeros(halves, len(index), width, dim)
+        parents = torch.zeros(len(index), width + 1, dtype=torch.long)
+        parents[:, 0] = -1
+        for j, (i, subset) in enumerate(zip(index, subsets)):
+            b = builders[i]
+            slot = {0: 0, **{node: k + 1 for k, node in enumerate(subset)}}
+            parents[j, 1: len(subset) + 1] = torch.tensor([slot[b.parents[n]] for n in subset])
+            tokens = torch.tensor([b.tokens[n] for n in subset])
+            parent_features = torch.stack([node_features[i][b.parents[n]] for n in subset], 1)  # [halves, n, d]
+            inputs[:, j, : len(subset)] = self._pair(tokens, parent_features)
+        mask = trees_ancestor_mask(parents)[:, 1:, 1:]
+        depths = mask.sum(-1)
+        positions = (ctx.next_positions[index] - 1)[:, None] + depths  # [rows, width]
+        rows = ctx.rows[index]
+        head_rows = torch.cat([rows, rows + self.batch]) if self.guided else rows
+        hidden = self.engine.score(inputs.reshape(halves * len(index), width, dim), positions.repeat(halves, 1),
+                                   head_rows, mask.repeat(halves, 1, 1))
+        self.forward_calls += 1
+        hidden = hidden.reshape(halves, len(index), width, dim)
+        # laws only where asked: the wanted nodes, padded to one width
+        slots = [[subset.index(node) for node in wanted] for subset, wanted in zip(subsets, requests)]
+        most = max(len(s) for s in slots)
+        take = torch.tensor([s + [s[-1]] * (most - len(s)) for s in slots])  # [rows, most]
+        picked = hidden.gather(2, take[None, :, :, None].expand(halves, -1, -1, dim))
+        laws = self._laws(picked.reshape(halves * len(index), most, dim), positions.gather(1, take) + 1)
+        out = []
+        for j, (i, subset, wanted) in enumerate(zip(index, subsets, requests)):
+            for k, node in enumerate(subset):
+                node_features[i][node] = hidden[:, j, k]
+            out.append({node: laws[j, k] for k, node in enumerate(wanted)})
+        return out
+
+    def _builder(self, ctx: DecodeContext, i: int, budget: int) -> trees.TreeBuilder:
+        root_position = int(ctx.next_positions[i]) - 1
+        sample, holder = int(ctx.sample_ids[i]), []
+
+        def order(node, law, width):
+            return trees.keyed_order(holder[0], node, law, width, seed=ctx.seed, sample=sample,
+                                     root_position=root_position, siblings=self.siblings)
+
+        depths = trees.depths_of(self.shape)
+        keep = [n for n in range(len(self.shape)) if depths[n] <= max(1, budget)]
+        new = {old: k for k, old in enumerate(keep)}
+        builder = trees.StaticBuilder(int(ctx.tokens[i][-1]), order, [-1] + [new[self.shape[n]] for n in keep[1:]])
+        holder.append(builder)
+        return builder
