@@ -8,12 +8,12 @@ Speed: per prompt and repeat every setting runs once after `ar`, same seed; repo
 over `ar` of the same round (median with a bootstrap 95 % interval). Greedy `eagle` must reproduce `ar` token
 for token on every prompt.
 
-Quality (--quality-samples N): N images per setting over the prompts of the first N/10 validation items (ten
-samples each), scored by the shipped classifier (assets/image/classifier): the Fréchet distance of its features
-to the VQ reconstructions of the first N validation images, the AR-vs-AR floor (a second AR set with another
-seed), and accuracy on the requested class. Generated codes are cached per setting and prompt under
-$SPECGEN_HOME/bench-lantern, so an interrupted run resumes. The target: a lambda with speedup >= 2 whose FD
-exceeds AR's by at most max(0.1 FD_AR, 2 x floor).
+Quality (--quality-samples N): N images per setting over the prompts of the first N/20 validation items (20
+samples each, one batch), scored by the shipped classifier (assets/image/classifier): the Fréchet distance of
+its features to the VQ reconstructions of the first N validation images, the AR-vs-AR floor (a second AR set
+with another seed), and accuracy on the requested class. Generated codes are cached per setting and prompt under
+$SPECGEN_HOME/bench-lantern/KEY (KEY: the target and head weights and the tree), so an interrupted run resumes.
+The target: a lambda with speedup >= 2 whose FD exceeds AR's by at most max(0.1 FD_AR, 2 x floor).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from specgen.app.bench_text import _cpu_model, _load, benchmarks_dir, bootstrap_
 HEAD_METHODS = ("eagle", "lantern", "lantern++")
 LAMBDAS = (1.5, 2.0, 3.0, 5.0, 10.0)
 DELTAS = (0.1,)
-SAMPLES_PER_PROMPT = 10
+SAMPLES_PER_PROMPT = 20
 
 
 def settings(methods, lambdas, deltas) -> list[tuple[str, dict]]:
@@ -113,6 +113,18 @@ def sample_set(generator, method: str, knobs: dict, n: int, seed: int, cache: Pa
         codes.append(np.load(path))
         progress.update(1)
     return np.concatenate(codes)[:n]
+
+
+def cache_key(generator, shape: str) -> str:
+    """Samples depend on the target, the head, the tree and the sampling defaults: a cache folder per such set."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in (generator.model_path / "model.safetensors", generator.head_path / "model.safetensors",
+                 generator.head_path / "fc.safetensors"):
+        digest.update(path.read_bytes())
+    digest.update(f"{shape}|{SAMPLES_PER_PROMPT}".encode())
+    return digest.hexdigest()[:16]
 
 
 def run_quality(generator, chosen, n: int, cache: Path, progress) -> dict:
@@ -244,8 +256,9 @@ def bench_lantern(args, methods) -> dict:
         total += (2 + len(chosen)) * len(quality_prompts(quality_n))
     with tqdm(total=total, desc="bench image (head)", unit="run", file=sys.stderr) as progress:
         speed = run_speed(generator, prompts, chosen, args.repeats, shape, progress)
+        cache = cache_dir() / "bench-lantern" / cache_key(generator, shape or defaults["shape"])
         quality = run_quality(generator, [(m, {**k, **({"shape": shape} if shape else {})}) for m, k in chosen],
-                              quality_n, cache_dir() / "bench-lantern", progress) if quality_n else None
+                              quality_n, cache, progress) if quality_n else None
     result = {"speed": speed, "quality": quality, "prompts": [p.id for p in prompts],
               "env": {**source_state(), "timestamp_utc": stamp, "cpu_model": _cpu_model(), "threads": args.threads,
                       "load_before": load_before, "load_after": _load(), "repeats": args.repeats,

@@ -87,6 +87,17 @@ class Relaxation:
         budget = self.delta if self.lam is None else (self.lam - 1) * probs[..., None]
         return torch.where(cumulative <= budget, cumulative, 0.0).amax(-1)
 
+    def moved_at(self, probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """moved_mass(probs) at one token per row, [batch, vocab], [batch] -> [batch] (same arithmetic)."""
+        if self.exact:
+            return torch.zeros_like(probs[:, 0])
+        inside = tokens < self.neighbours.shape[0]
+        table = self.neighbours[tokens.clamp(max=self.neighbours.shape[0] - 1), : self.k]  # [batch, k]
+        table = torch.where(inside[:, None], table, -1)
+        cumulative = (probs.gather(1, table.clamp(min=0)) * (table >= 0)).cumsum(-1)
+        budget = self.delta if self.lam is None else (self.lam - 1) * probs.gather(1, tokens[:, None])
+        return torch.where(cumulative <= budget, cumulative, 0.0).amax(-1)
+
     def relaxed(self, probs: torch.Tensor) -> torch.Tensor:
         """p~ for every token: p + moved mass (== p when exact)."""
         return probs if self.exact else probs + self.moved_mass(probs)
@@ -106,29 +117,32 @@ class RelaxedTreeRejection(TreeRejection):
 
     def reset_counts(self) -> None:
         self.accepts, self.relaxed_accepts = 0, 0
-        self._last_exact = None
+
+    def accept_probs(self, residual: torch.Tensor, draft: torch.Tensor | None, token: torch.Tensor):
+        """(relaxed, exact) acceptance probabilities of `token` [batch], without the full relaxed law."""
+        at_token = residual.gather(-1, token[:, None]).squeeze(-1)
+        relaxed = at_token + self.relaxation.moved_at(residual, token)
+        if draft is None:
+            return relaxed.clamp(max=1.0), at_token
+        draft_at_token = draft.gather(-1, token[:, None]).squeeze(-1)
+        drawn = draft_at_token > 0
+        safe = torch.where(drawn, draft_at_token, 1.0)
+        return (torch.where(drawn, (relaxed / safe).clamp(max=1.0), 0.0),
+                torch.where(drawn, (at_token / safe).clamp(max=1.0), 0.0))
 
     def sibling_step(self, residual: torch.Tensor, draft: torch.Tensor | None, token: torch.Tensor):
+        accept, _ = self.accept_probs(residual, draft, token)
         relaxed = self.relaxation.relaxed(residual)  # [batch, vocab]
         tried = torch.zeros_like(residual).scatter_(-1, token[:, None], 1.0)
-        at_token = relaxed.gather(-1, token[:, None]).squeeze(-1)
-        exact_at_token = residual.gather(-1, token[:, None]).squeeze(-1)
         if draft is None:  # a point-mass candidate: q = 1 at the token
-            taken = tried * relaxed.clamp(max=1.0)
-            self._last_exact = exact_at_token
-            return at_token.clamp(max=1.0), _normalised(torch.relu(residual - taken), residual), None
-        draft_at_token = draft.gather(-1, token[:, None]).squeeze(-1)
-        drawn = draft_at_token > 0  # a child with draft probability 0 was never drawn: rejected, nothing moves
-        safe = torch.where(drawn, draft_at_token, 1.0)
-        accept = torch.where(drawn, (at_token / safe).clamp(max=1.0), 0.0)
-        self._last_exact = torch.where(drawn, (exact_at_token / safe).clamp(max=1.0), 0.0)
-        next_residual = torch.where(drawn[:, None],
-                                    _normalised(torch.relu(residual - torch.minimum(draft, relaxed)), residual),
+            return accept, _normalised(torch.relu(residual - tried * relaxed.clamp(max=1.0)), residual), None
+        drawn = (draft.gather(-1, token[:, None]) > 0)  # a child the draft gave 0 was never drawn: nothing moves
+        next_residual = torch.where(drawn, _normalised(torch.relu(residual - torch.minimum(draft, relaxed)), residual),
                                     residual)
         if self.siblings == "without_replacement":
             remaining = draft * (1 - tried)
             total = remaining.sum(-1, keepdim=True)
-            draft = torch.where(drawn[:, None] & (total > 0), remaining / torch.where(total > 0, total, 1.0), draft)
+            draft = torch.where(drawn & (total > 0), remaining / torch.where(total > 0, total, 1.0), draft)
         return accept, next_residual, draft
 
     def walk(self, tree: DraftTree, target_probs, accept_uniform, emit_uniform):
@@ -144,15 +158,15 @@ class RelaxedTreeRejection(TreeRejection):
                 chosen, tested = -1, False
                 for kid in (k for k in kids[row][node] if k >= 0):
                     token = tree.tokens[row, kid:kid + 1]
-                    accept, next_residual, next_draft = self.sibling_step(residual, draft, token)
+                    accept, exact_accept = self.accept_probs(residual, draft, token)
                     uniform = float(accept_uniform[row, kid])
                     if uniform < float(accept[0]):
                         chosen = kid
                         self.accepts += 1
-                        if uniform >= float(self._last_exact[0]):
-                            self.relaxed_accepts += 1
+                        self.relaxed_accepts += uniform >= float(exact_accept[0])
                         break
-                    tested, residual, draft = True, next_residual, next_draft
+                    _, residual, draft = self.sibling_step(residual, draft, token)  # the residual only when needed
+                    tested = True
                 if chosen < 0:
                     output.append(int(kernels.sample_categorical(residual, emit_uniform[row, node:node + 1])[0]))
                     break

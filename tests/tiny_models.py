@@ -57,6 +57,18 @@ def save_tiny_image_model(root, *, num_codes, grid, seed=0, frames=1):
     return root / "target", root / "vq"
 
 
+def save_tiny_image_head(root, target_folder, seed=7):
+    """A random EAGLE-style head for a tiny image model (weights scaled up so it drafts more than noise)."""
+    from specgen.modalities.image.eagle_head.head import EagleHead
+    from specgen.modalities.image.models import load_image_lm
+
+    torch.manual_seed(seed)
+    head = EagleHead.for_target(load_image_lm(target_folder), intermediate_size=32)
+    for p in head.parameters():
+        p.data.mul_(3)
+    return head.save(root / "head")
+
+
 def save_tiny_speech_models(root, *, num_tokens, seed=0):
     """A random target, a random draft and a random codebook for a vocabulary of `num_tokens` acoustic tokens."""
     from specgen.modalities.speech.codec import AcousticCodec

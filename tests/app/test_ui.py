@@ -12,7 +12,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from tiny_models import free_port, save_tiny, save_tiny_image_model, save_tiny_speech_models, serve
+from tiny_models import (free_port, save_tiny, save_tiny_image_head, save_tiny_image_model, save_tiny_speech_models,
+                         serve)
 from specgen.app.ui import COLOR_MAP, IncrementalDetokenizer, build_demo
 from specgen.modalities.text.generator import TextGenerator
 
@@ -36,7 +37,9 @@ def generator(tmp_path_factory):
 def image_generator(tmp_path_factory):
     from specgen.modalities.image.generator import ImageGenerator
 
-    return ImageGenerator(*save_tiny_image_model(tmp_path_factory.mktemp("image"), num_codes=16, grid=4))
+    root = tmp_path_factory.mktemp("image")
+    model, vq = save_tiny_image_model(root, num_codes=16, grid=4)
+    return ImageGenerator(model, vq, head=save_tiny_image_head(root, model))
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +118,16 @@ def test_image_tab_streams_a_decoding_image(client, image_generator):
     assert stats["committed"] == 16 and stats["identical_to_ar"] is True and stats["speedup_vs_ar"] > 0
     assert "τ" in stats_md and "measured speedup vs plain decoding" in stats_md and "changed per step" in stats_md
     assert stats["steps"] < alone.stats["steps"] or stats["tau"] >= 1.0
+
+
+def test_image_tab_runs_lantern_plus_plus_with_its_lambda(client, image_generator):
+    image, stats_md, plot, stats = client.predict(prompt="red K on blue", method="lantern++", lam=4.0, temperature=0,
+                                                  compare=True, api_name="/generate_image")
+    # greedy: the relaxation has no mass to move (the target's law is a point mass), so it equals plain decoding
+    assert stats["identical_to_ar"] is True and stats["committed"] == 16 and stats["lossless"] is False
+    assert "relaxed acceptance" in stats_md
+    with pytest.raises(Exception, match="minimum value 1"):  # the slider checks its range itself
+        client.predict(prompt="red K", method="lantern++", lam=0.5, api_name="/generate_image")
 
 
 def test_image_tab_rejects_bad_requests(client):

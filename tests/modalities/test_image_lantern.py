@@ -7,12 +7,11 @@ import json
 
 import pytest
 import torch
-from tiny_models import GuidedTransformers, save_tiny_image_model
+from tiny_models import GuidedTransformers, save_tiny_image_head, save_tiny_image_model
 
 from specgen.errors import InvalidRequest, ModelNotFound
 from specgen.modalities.image.eagle_head.head import EagleHead
 from specgen.modalities.image.generator import CodesOnly, ImageGenerator
-from specgen.modalities.image.models import load_image_lm
 from specgen.samplers.chisquare import goodness_of_fit
 from specgen.samplers.oracle import target_joint
 from specgen.samplers.processing import Processing
@@ -20,12 +19,7 @@ from specgen.samplers.processing import Processing
 
 def with_head(root, **options):
     model, vq = save_tiny_image_model(root, **options)
-    torch.manual_seed(7)
-    head = EagleHead.for_target(load_image_lm(model), intermediate_size=32)
-    for p in head.parameters():  # a random head drafts something other than uniform noise
-        p.data.mul_(3)
-    head.save(root / "head")
-    return model, vq, root / "head"
+    return model, vq, save_tiny_image_head(root, model)
 
 
 @pytest.fixture(scope="module")

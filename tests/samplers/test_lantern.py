@@ -65,6 +65,10 @@ def test_latent_neighbours_are_the_nearest_other_codes_in_order():
 
 def test_moved_mass_is_the_longest_prefix_within_budget():
     probs = torch.tensor([[0.30, 0.05, 0.20, 0.25, 0.20]], dtype=torch.float64)
+    for relaxation in (Relaxation(NEIGHBOURS, 3, lam=1.5), Relaxation(NEIGHBOURS, 2, delta=0.3)):
+        every = relaxation.moved_mass(probs)[0]
+        at = [float(relaxation.moved_at(probs, torch.tensor([t]))[0]) for t in range(5)]
+        assert at == every.tolist()  # the one-token shortcut the sampler uses is the same arithmetic
     # code 0's neighbours: 1 (0.05), then 2 or 3 ...; with lambda 1.5 the budget is 0.15: only code 1 fits
     # (id 4 is past this codebook: it borrows nothing)
     relaxed = Relaxation(NEIGHBOURS, 3, lam=1.5).relaxed(probs)
@@ -134,6 +138,9 @@ class Unbudgeted(Relaxation):
     def moved_mass(self, probs):
         table = self.neighbours[: probs.shape[-1], : self.k]
         return (probs[..., table.clamp(min=0)] * (table >= 0)).sum(-1)
+
+    def moved_at(self, probs, tokens):
+        return self.moved_mass(probs).gather(1, tokens[:, None]).squeeze(1)
 
 
 @pytest.mark.parametrize("lam", [1.05, 1.3, 2.0])

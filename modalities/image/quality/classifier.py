@@ -71,6 +71,8 @@ def save(model: ImageClassifier, folder: Path, info: dict) -> Path:
     tmp.mkdir(parents=True, exist_ok=True)
     save_file({k: v.half().contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
     (tmp / "classifier.json").write_text(json.dumps({"classes": class_names(), **info}, indent=1))
+    for path in tmp.iterdir():
+        path.chmod(0o644)  # safetensors writes 0600
     import os
     import shutil
 
