@@ -243,6 +243,10 @@ def bench_lantern(args, methods) -> dict:
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     generator = ImageGenerator(getattr(args, "model", None), head=getattr(args, "head", None), threads=args.threads)
+    if generator.modality != "image":
+        from specgen.errors import InvalidRequest
+
+        raise InvalidRequest(f"{generator.model_path} is a video model; use `specgen bench video`")
     prompts = load_prompts(args.prompts or benchmarks_dir() / "prompts" / "image.jsonl", classes=True)
     chosen = settings(methods, args.lambdas or LAMBDAS, args.deltas or DELTAS)
     shape = getattr(args, "shape", None)

@@ -55,3 +55,27 @@ def test_bad_prompt_files_are_rejected(tmp_path):
     bad.write_text('{"id": "a", "category": "glyph"}\n')
     with pytest.raises(InvalidRequest, match="line 1"):
         load_prompts(bad, classes=True)
+
+
+def test_bench_lantern_reports_speed_quality_and_a_frontier(tmp_path, monkeypatch):
+    """The head's methods on the shipped models: one prompt, one lambda, 20 quality samples per set."""
+    import argparse
+
+    from specgen.app.bench_lantern import bench_lantern
+
+    monkeypatch.setenv("SPECGEN_HOME", str(tmp_path / "home"))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "k", "prompt": "red K on blue", "category": "glyph"}) + "\n")
+    args = argparse.Namespace(model=None, head=None, threads=1, prompts=prompts, lambdas=[5.0], deltas=None,
+                              shape=None, quality_samples=20, repeats=1, out_dir=tmp_path / "out", argv=["bench"])
+    result = bench_lantern(args, ["lantern++"])
+    row = result["speed"]["table"][0]
+    assert row["setting"] == "lantern++ (λ 5)" and row["tau"] > 1.5 and row["relaxed_share"] > 0
+    quality = result["quality"]
+    assert quality["samples"] == 20 and quality["floor_ar_vs_ar"] > 0 and 0 <= quality["accuracy_ar"] <= 1
+    assert set(quality["settings"]) == {"lantern++ (λ 5)"}
+    report = (tmp_path / "out" / "image-lantern-latest.md").read_text()
+    assert "FD − FD_AR" in report and "image-lantern-latest.png" in report
+    assert (tmp_path / "out" / "image-lantern-latest.png").stat().st_size > 1000
+    cached = list((tmp_path / "home" / "bench-lantern").rglob("*.npy"))
+    assert len(cached) == 3  # two AR sets and one setting, one prompt each: a rerun resumes from these

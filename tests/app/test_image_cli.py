@@ -5,7 +5,7 @@ import json
 
 import pytest
 from PIL import Image
-from tiny_models import save_tiny_image_model
+from tiny_models import save_tiny_image_head, save_tiny_image_model
 
 from specgen.app.cli import main
 
@@ -13,6 +13,12 @@ from specgen.app.cli import main
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return save_tiny_image_model(tmp_path_factory.mktemp("image"), num_codes=16, grid=4)
+
+
+@pytest.fixture(scope="module")
+def tiny_head(tiny):
+    model, _ = tiny
+    return save_tiny_image_head(model.parent, model)
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +63,36 @@ def test_bad_image_requests_give_one_error_line(tiny, tmp_path, capsys, extra, w
                           *extra], capsys)
     assert code == 2 and out == "" and len(err.splitlines()) == 1 and words in err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_generate_image_with_lantern_plus_plus(tiny, tiny_head, tmp_path, capsys):
+    model, vq = tiny
+    code, stdout, _ = run(["generate", "image", "--prompt", "red K on blue", "--model", str(model), "--vq", str(vq),
+                           "--head", str(tiny_head), "--method", "lantern++", "--lam", "3", "--shape", "chain-3",
+                           "--out", str(tmp_path / "l.png"), "--json"], capsys)
+    stats = json.loads(stdout)["stats"]
+    assert code == 0 and stats["method"] == "lantern++" and stats["lossless"] is False and "relaxed_share" in stats
+
+
+@pytest.mark.parametrize("extra,words", [
+    (["--method", "lantern++", "--lam", "0.5"], "lam must be >= 1"),
+    (["--method", "eagle", "--lam", "2"], "no parameter"),
+    (["--method", "eagle", "--window", "4"], "Jacobi methods"),
+    (["--method", "eagle", "--shape", "bushy"], "tree shape"),
+    (["--method", "lantern", "--delta", "2"], "delta must be <= 1"),
+])
+def test_bad_head_requests_give_one_error_line(tiny, tiny_head, tmp_path, capsys, extra, words):
+    model, vq = tiny
+    code, out, err = run(["generate", "image", "--prompt", "red K", "--model", str(model), "--vq", str(vq),
+                          "--head", str(tiny_head), "--out", str(tmp_path / "x.png"), *extra], capsys)
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and words in err, err
+
+
+def test_missing_head_is_a_clear_error(tiny, tmp_path, capsys):
+    model, vq = tiny
+    code, _, err = run(["generate", "image", "--prompt", "K", "--model", str(model), "--vq", str(vq), "--method",
+                        "eagle", "--head", str(tmp_path / "none"), "--out", str(tmp_path / "x.png")], capsys)
+    assert code == 2 and "train image-head" in err and len(err.splitlines()) == 1
 
 
 def test_missing_model_is_a_clear_error(tmp_path, capsys):
