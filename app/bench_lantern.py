@@ -257,12 +257,14 @@ def bench_lantern(args, methods) -> dict:
     quality_n = getattr(args, "quality_samples", None) or 0
     total = len(prompts) * args.repeats * (1 + len(chosen))
     if quality_n:
-        total += (2 + len(chosen)) * len(quality_prompts(quality_n))
+        quality_methods = getattr(args, "quality_methods", None) or HEAD_METHODS
+        total += (2 + sum(m in quality_methods for m, _ in chosen)) * len(quality_prompts(quality_n))
     with tqdm(total=total, desc="bench image (head)", unit="run", file=sys.stderr) as progress:
         speed = run_speed(generator, prompts, chosen, args.repeats, shape, progress)
         cache = cache_dir() / "bench-lantern" / cache_key(generator, shape or defaults["shape"])
-        quality = run_quality(generator, [(m, {**k, **({"shape": shape} if shape else {})}) for m, k in chosen],
-                              quality_n, cache, progress) if quality_n else None
+        measured = [(m, {**k, **({"shape": shape} if shape else {})}) for m, k in chosen
+                    if m in (getattr(args, "quality_methods", None) or HEAD_METHODS)]
+        quality = run_quality(generator, measured, quality_n, cache, progress) if quality_n else None
     result = {"speed": speed, "quality": quality, "prompts": [p.id for p in prompts],
               "env": {**source_state(), "timestamp_utc": stamp, "cpu_model": _cpu_model(), "threads": args.threads,
                       "load_before": load_before, "load_after": _load(), "repeats": args.repeats,

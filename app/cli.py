@@ -311,6 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
                                help="also measure quality: N images per setting, Fréchet distance on the shipped "
                                     "classifier's features and class accuracy (the recorded run uses 2000; hours "
                                     "on one CPU core; resumable)")
+                p.add_argument("--quality-methods", type=_method_list("image"), metavar="A,B",
+                               help="which of the head methods get the quality measurement (default: all run)")
         if modality == "speech":
             p.add_argument("--thetas", type=_float_list(0.0, 1.0), metavar="T,T,...",
                            help="pcg group thresholds to sweep (default when pcg runs: 0.4,0.3,0.25,0.2; pcg's "

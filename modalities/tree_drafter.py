@@ -69,19 +69,8 @@ class TreeDrafter(ModelDrafter):
         root_laws = self.rank_processing(logits[torch.arange(len(rows)), counts - 1])  # [rows, vocab]
         builders = [self._builder(ctx, i, budget) for i in range(len(rows))]
 
-        def laws_for(requests):
-            out = [{} for _ in requests]
-            later = [i for i, r in enumerate(requests) if r and r != [0]]
-            for i, r in enumerate(requests):
-                if r == [0]:
-                    out[i][0] = root_laws[i]
-            if later:
-                laws = self._score_trees(ctx, [builders[i] for i in later], later, [requests[i] for i in later])
-                for j, i in enumerate(later):
-                    out[i] = laws[j]
-            return out
-
-        trees.run_builders(builders, laws_for)
+        score = lambda later, wanted: self._score_trees(ctx, [builders[i] for i in later], later, wanted)  # noqa: E731
+        trees.run_builders(builders, trees.laws_with_root(root_laws, score))
         return self._as_tree(builders)
 
     def _builder(self, ctx: DecodeContext, i: int, budget: int) -> trees.TreeBuilder:

@@ -397,6 +397,23 @@ def run_builders(builders: Sequence[TreeBuilder], laws_for: Callable[[list[list[
         requests = [b.step(l) if r else [] for b, r, l in zip(builders, requests, laws)]
 
 
+def laws_with_root(root_laws, score: Callable[[list[int], list[list[int]]], list[dict]]):
+    """A `laws_for` for run_builders when every row's root law is known already (root_laws[i]): the other requests
+    go to score(rows, their requests) in one call, which returns per row a dict node -> law."""
+    def laws_for(requests):
+        out = [{} for _ in requests]
+        later = [i for i, r in enumerate(requests) if r and r != [0]]
+        for i, r in enumerate(requests):
+            if r == [0]:
+                out[i][0] = root_laws[i]
+        if later:
+            for i, laws in zip(later, score(later, [requests[i] for i in later])):
+                out[i] = laws
+        return out
+
+    return laws_for
+
+
 _FNV_OFFSET, _FNV_PRIME, _MASK32 = 0x811C9DC5, 0x01000193, 0xFFFFFFFF
 
 

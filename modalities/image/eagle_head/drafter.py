@@ -95,19 +95,8 @@ class EagleTreeDrafter:
         builders = [self._builder(ctx, i, budget) for i in range(len(rows))]
         node_features: list[dict[int, torch.Tensor]] = [{0: root_features[i::len(rows)]} for i in range(len(rows))]
 
-        def laws_for(requests):
-            out = [{} for _ in requests]
-            later = [i for i, r in enumerate(requests) if r and r != [0]]
-            for i, r in enumerate(requests):
-                if r == [0]:
-                    out[i][0] = root_laws[i]
-            if later:
-                laws = self._score_nodes(ctx, builders, node_features, later, [requests[i] for i in later], halves)
-                for i, law in zip(later, laws):
-                    out[i] = law
-            return out
-
-        trees.run_builders(builders, laws_for)
+        score = lambda later, wanted: self._score_nodes(ctx, builders, node_features, later, wanted, halves)  # noqa: E731
+        trees.run_builders(builders, trees.laws_with_root(root_laws, score))
         return tree_from_builders(builders, self.lm_head.shape[0], self.siblings == "without_replacement")
 
     def observe(self, verdict) -> None:
