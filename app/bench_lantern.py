@@ -34,6 +34,7 @@ HEAD_METHODS = ("eagle", "lantern", "lantern++")
 LAMBDAS = (1.5, 2.0, 3.0, 5.0, 10.0)
 DELTAS = (0.1,)
 SAMPLES_PER_PROMPT = 20
+GRID_COLUMNS = 8  # samples shown per setting in the report's grid
 
 
 def settings(methods, lambdas, deltas) -> list[tuple[str, dict]]:
@@ -145,18 +146,44 @@ def run_quality(generator, chosen, n: int, cache: Path, progress) -> dict:
         features, probs = clf.embed(model, images)
         return features, float((probs.argmax(-1) == wanted).mean())
 
-    ar_a, ar_accuracy = score(sample_set(generator, "ar", {}, n, 0, cache, progress))
+    shown = {}  # a few samples per set, side by side in the report: one per prompt of the first prompts
+
+    def first(name, codes):
+        shown[name] = codes[::SAMPLES_PER_PROMPT][:GRID_COLUMNS]
+        return codes
+
+    ar_a, ar_accuracy = score(first("ar", sample_set(generator, "ar", {}, n, 0, cache, progress)))
     ar_b, _ = score(sample_set(generator, "ar", {}, n, 1, cache, progress))
     fd_ar = frechet_distance(ar_a, real_features)
     out = {"samples": n, "fd_ar": fd_ar, "fd_ar_second_seed": frechet_distance(ar_b, real_features),
            "floor_ar_vs_ar": frechet_distance(ar_a, ar_b), "accuracy_ar": ar_accuracy, "settings": {}}
     out["allowed_excess"] = max(0.1 * fd_ar, 2 * out["floor_ar_vs_ar"])
     for method, knobs in chosen:
-        features, accuracy = score(sample_set(generator, method, knobs, n, 0, cache, progress))
+        features, accuracy = score(first(label(method, knobs), sample_set(generator, method, knobs, n, 0, cache,
+                                                                          progress)))
         fd = frechet_distance(features, real_features)
         out["settings"][label(method, knobs)] = {"fd": fd, "fd_excess": fd - fd_ar, "fd_to_ar": frechet_distance(
             features, ar_a), "accuracy": accuracy, "within_bound": fd - fd_ar <= out["allowed_excess"]}
+    out["shown"] = {name: codes.tolist() for name, codes in shown.items()}
     return out
+
+
+def samples_grid(generator, shown: dict, path: Path) -> None:
+    """One row per setting (the same prompts and seeds across rows), enlarged 2x, labelled on the left."""
+    from PIL import Image, ImageDraw
+
+    from specgen.modalities.image import vq as vq_codec
+
+    rows = list(shown)
+    size, margin = 128, 150
+    sheet = Image.new("RGB", (margin + GRID_COLUMNS * size, len(rows) * size), "white")
+    draw = ImageDraw.Draw(sheet)
+    for r, name in enumerate(rows):
+        codes = torch.as_tensor(np.array(shown[name], dtype=np.int64)).reshape(-1, 16, 16)
+        for c, pixels in enumerate(vq_codec.decode(generator.vq, codes)):
+            sheet.paste(Image.fromarray(pixels).resize((size, size), Image.NEAREST), (margin + c * size, r * size))
+        draw.text((6, r * size + size // 2 - 6), name, fill="black")
+    sheet.save(path)
 
 
 # ---- report -------------------------------------------------------------------------------------------------------
@@ -231,6 +258,9 @@ def render_markdown(result: dict, plot_name: str | None) -> str:
         lines += ["", f"Target (lantern++ ≥ 2× within the FD bound): {'met by ' + ', '.join(met) if met else 'not met'}."]
     if plot_name:
         lines += ["", f"![frontier]({plot_name})"]
+    if quality:
+        lines += ["", "Samples, one row per setting, the same prompts and seeds in every column:", "",
+                  f"![samples]({plot_name.replace('.png', '-samples.png') if plot_name else ''})"]
     return "\n".join(lines) + "\n"
 
 
@@ -271,13 +301,17 @@ def bench_lantern(args, methods) -> dict:
                       "shape": shape or defaults["shape"], "neighbours": defaults["neighbours"],
                       "head": str(generator.head_path), "wall_s": time.perf_counter() - started,
                       "command": "specgen " + " ".join(getattr(args, "argv", []))}}
+    import shutil
+
     out_dir = Path(getattr(args, "out_dir", None) or benchmarks_dir())
     out_dir.mkdir(parents=True, exist_ok=True)
     base = out_dir / f"bench-image-lantern-{stamp}"
     plot_frontier(base.with_suffix(".png"), result)
+    if quality:
+        samples_grid(generator, quality["shown"], out_dir / f"{base.name}-samples.png")
+        shutil.copyfile(out_dir / f"{base.name}-samples.png", out_dir / "image-lantern-latest-samples.png")
     base.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     base.with_suffix(".md").write_text(render_markdown(result, base.with_suffix(".png").name))
-    import shutil
 
     for kind in ("json", "png"):
         shutil.copyfile(base.with_suffix(f".{kind}"), out_dir / f"image-lantern-latest.{kind}")

@@ -77,5 +77,6 @@ def test_bench_lantern_reports_speed_quality_and_a_frontier(tmp_path, monkeypatc
     report = (tmp_path / "out" / "image-lantern-latest.md").read_text()
     assert "FD − FD_AR" in report and "image-lantern-latest.png" in report
     assert (tmp_path / "out" / "image-lantern-latest.png").stat().st_size > 1000
+    assert (tmp_path / "out" / "image-lantern-latest-samples.png").exists() and "samples" in report
     cached = list((tmp_path / "home" / "bench-lantern").rglob("*.npy"))
     assert len(cached) == 3  # two AR sets and one setting, one prompt each: a rerun resumes from these
