@@ -194,8 +194,8 @@ def plot_frontier(path: Path, result: dict) -> None:
     from PIL import Image, ImageDraw, ImageFont
 
     font = ImageFont.load_default(size=13) if hasattr(ImageFont, "load_default") else None
-    rows = result["speed"]["table"]
     quality = result.get("quality")
+    rows = [r for r in result["speed"]["table"] if not quality or r["setting"] in quality["settings"]]
     w, h, pad = 620, 380, 60
     image = Image.new("RGB", (w + 2 * pad, h + 2 * pad + 20), "white")
     draw = ImageDraw.Draw(image)
@@ -306,6 +306,7 @@ def bench_lantern(args, methods) -> dict:
     out_dir = Path(getattr(args, "out_dir", None) or benchmarks_dir())
     out_dir.mkdir(parents=True, exist_ok=True)
     base = out_dir / f"bench-image-lantern-{stamp}"
+    base.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")  # first: nothing measured is lost
     plot_frontier(base.with_suffix(".png"), result)
     if quality:
         samples_grid(generator, quality["shown"], out_dir / f"{base.name}-samples.png")

@@ -66,11 +66,13 @@ def test_bench_lantern_reports_speed_quality_and_a_frontier(tmp_path, monkeypatc
     monkeypatch.setenv("SPECGEN_HOME", str(tmp_path / "home"))
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "k", "prompt": "red K on blue", "category": "glyph"}) + "\n")
-    args = argparse.Namespace(model=None, head=None, threads=1, prompts=prompts, lambdas=[5.0], deltas=None,
-                              shape=None, quality_samples=20, repeats=1, out_dir=tmp_path / "out", argv=["bench"])
-    result = bench_lantern(args, ["lantern++"])
-    row = result["speed"]["table"][0]
-    assert row["setting"] == "lantern++ (λ 5)" and row["tau"] > 1.5 and row["relaxed_share"] > 0
+    args = argparse.Namespace(model=None, head=None, threads=1, prompts=prompts, lambdas=[5.0], deltas=[0.2],
+                              shape=None, quality_samples=20, quality_methods=["lantern++"], repeats=1,
+                              out_dir=tmp_path / "out", argv=["bench"])
+    result = bench_lantern(args, ["lantern", "lantern++"])  # speed for both, quality for lantern++ only
+    rows = {row["setting"]: row for row in result["speed"]["table"]}
+    assert set(rows) == {"lantern (δ 0.2)", "lantern++ (λ 5)"}
+    assert rows["lantern++ (λ 5)"]["tau"] > 1.5 and rows["lantern++ (λ 5)"]["relaxed_share"] > 0
     quality = result["quality"]
     assert quality["samples"] == 20 and quality["floor_ar_vs_ar"] > 0 and 0 <= quality["accuracy_ar"] <= 1
     assert set(quality["settings"]) == {"lantern++ (λ 5)"}
