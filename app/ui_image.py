@@ -87,7 +87,7 @@ def make_image_runner(image_models: ImageModels):
     modality = image_models.modality
     example = "red K moving right on blue" if modality == "video" else "red K on blue"
 
-    def run_image(prompt, method, compare, window, init, temperature, top_k, guidance, seed, lam=2.0):
+    def run_image(prompt, method, compare, window, init, temperature, top_k, guidance, seed, lam=5.0):
         if not isinstance(prompt, str) or not prompt.strip():
             raise gr.Error(f"Enter a prompt or class first, e.g. {example!r}.")
         if method not in registry.method_names(modality):
@@ -193,7 +193,7 @@ def build_image_tab(gr, image_models: ImageModels, *, concurrency_limit: int, co
                                        info="tokens scored per step (Jacobi methods)", elem_id=f"{modality}-window")
                     init = gr.Radio(["random", "left"], value="random", label="initial drafts",
                                     elem_id=f"{modality}-init")
-                    lam = gr.Slider(1.0, 20.0, value=2.0, step=0.5, label="λ (lantern++)",
+                    lam = gr.Slider(1.0, 20.0, value=5.0, step=0.5, label="λ (lantern++)",
                                     info="p~ <= λ p: how much mass a code may borrow from its latent neighbours; "
                                          "1 = exact", elem_id=f"{modality}-lambda", visible=modality == "image")
                     temperature = gr.Slider(0.0, 2.0, value=1.0, step=0.05, label="temperature",
