@@ -182,11 +182,15 @@ def samples_grid(generator, shown: dict, path: Path) -> None:
         codes = torch.as_tensor(np.array(shown[name], dtype=np.int64)).reshape(-1, 16, 16)
         for c, pixels in enumerate(vq_codec.decode(generator.vq, codes)):
             sheet.paste(Image.fromarray(pixels).resize((size, size), Image.NEAREST), (margin + c * size, r * size))
-        draw.text((6, r * size + size // 2 - 6), name, fill="black")
+        draw.text((6, r * size + size // 2 - 6), _ascii(name), fill="black")
     sheet.save(path)
 
 
 # ---- report -------------------------------------------------------------------------------------------------------
+
+def _ascii(name: str) -> str:
+    return name.replace("λ", "lambda").replace("δ", "delta")  # Pillow's default font has no Greek
+
 
 def plot_frontier(path: Path, result: dict) -> None:
     """Speedup over ar against the FD excess over AR (with the allowed excess shaded), or against lambda when
@@ -217,7 +221,7 @@ def plot_frontier(path: Path, result: dict) -> None:
     for value, row in zip(xs, rows):
         cx, cy = x(value), y(row["speedup"])
         draw.ellipse([cx - 5, cy - 5, cx + 5, cy + 5], fill=(70, 130, 180))
-        draw.text((cx + 7, cy - 7), row["setting"], fill="black", font=font)
+        draw.text((cx + 7, cy - 7), _ascii(row["setting"]), fill="black", font=font)
     if quality:
         for value in (low_x, high_x):
             draw.text((x(value) - 10, pad + h + 6), f"{value:.2f}", fill="black", font=font)
