@@ -85,11 +85,7 @@ class TreeDrafter(ModelDrafter):
 
         depth_cap = max(1, budget)
         if self.construction == "static":
-            depths = trees.depths_of(self.shape)
-            keep = [n for n in range(len(self.shape)) if depths[n] <= depth_cap]
-            new = {old: i for i, old in enumerate(keep)}
-            shape = [-1] + [new[self.shape[n]] for n in keep[1:]]
-            builder = trees.StaticBuilder(root, order, shape)
+            builder = trees.StaticBuilder(root, order, trees.truncated_shape(self.shape, depth_cap))
         elif self.construction == "dyspec":
             max_depth = depth_cap if self.max_depth is None else min(self.max_depth, depth_cap)
             # DySpec expands every node added since the last draft forward: about four rounds per tree

@@ -131,19 +131,18 @@ class RelaxedTreeRejection(TreeRejection):
                 torch.where(drawn, (at_token / safe).clamp(max=1.0), 0.0))
 
     def sibling_step(self, residual: torch.Tensor, draft: torch.Tensor | None, token: torch.Tensor):
+        # the exact step's draft update (and, for point-mass candidates, its residual: relu(p - min(1, p~) at x)
+        # zeroes x exactly as the exact rule does); only the residual after a drawn child changes
+        _, exact_residual, next_draft = kernels.sibling_step(residual, draft, token,
+                                                             self.siblings == "without_replacement")
         accept, _ = self.accept_probs(residual, draft, token)
+        if draft is None:
+            return accept, exact_residual, None
+        drawn = draft.gather(-1, token[:, None]) > 0  # a child the draft gave 0 was never drawn: nothing moves
         relaxed = self.relaxation.relaxed(residual)  # [batch, vocab]
-        tried = torch.zeros_like(residual).scatter_(-1, token[:, None], 1.0)
-        if draft is None:  # a point-mass candidate: q = 1 at the token
-            return accept, _normalised(torch.relu(residual - tried * relaxed.clamp(max=1.0)), residual), None
-        drawn = (draft.gather(-1, token[:, None]) > 0)  # a child the draft gave 0 was never drawn: nothing moves
         next_residual = torch.where(drawn, _normalised(torch.relu(residual - torch.minimum(draft, relaxed)), residual),
                                     residual)
-        if self.siblings == "without_replacement":
-            remaining = draft * (1 - tried)
-            total = remaining.sum(-1, keepdim=True)
-            draft = torch.where(drawn & (total > 0), remaining / torch.where(total > 0, total, 1.0), draft)
-        return accept, next_residual, draft
+        return accept, next_residual, next_draft
 
     def walk(self, tree: DraftTree, target_probs, accept_uniform, emit_uniform):
         """The verification walk row by row (trees here are small; this also counts relaxed acceptances)."""

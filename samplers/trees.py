@@ -95,6 +95,14 @@ def named_shape(name: str) -> list[int]:
     raise InvalidRequest(f"unknown tree shape {name!r}; use 'dp', 'eagle', 'medusa', 'chain-N' or 'k-ary-WxD'")
 
 
+def truncated_shape(shape: Sequence[int], max_depth: int) -> list[int]:
+    """The parent array of `shape` without its nodes deeper than max_depth (the rest renumbered in order)."""
+    depths = depths_of(shape)
+    keep = [n for n in range(len(shape)) if depths[n] <= max_depth]
+    new = {old: i for i, old in enumerate(keep)}
+    return [-1] + [new[shape[n]] for n in keep[1:]]
+
+
 def sibling_ranks(parents: Sequence[int]) -> list[int]:
     seen: dict[int, int] = {}
     ranks = [0]

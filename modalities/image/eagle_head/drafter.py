@@ -201,9 +201,6 @@ class EagleTreeDrafter:
             return trees.keyed_order(holder[0], node, law, width, seed=ctx.seed, sample=sample,
                                      root_position=root_position, siblings=self.siblings)
 
-        depths = trees.depths_of(self.shape)
-        keep = [n for n in range(len(self.shape)) if depths[n] <= max(1, budget)]
-        new = {old: k for k, old in enumerate(keep)}
-        builder = trees.StaticBuilder(int(ctx.tokens[i][-1]), order, [-1] + [new[self.shape[n]] for n in keep[1:]])
+        builder = trees.StaticBuilder(int(ctx.tokens[i][-1]), order, trees.truncated_shape(self.shape, max(1, budget)))
         holder.append(builder)
         return builder
