@@ -12,8 +12,10 @@ those from the assistant, not from `generate()`), `hf-prompt-lookup` with `promp
 Both variants are reported; comparisons of ours against a peer use its faster variant.
 
 Every output is checked token for token against our `ar` output of the same prompt. At a divergence the
-target's top-2 logit margin is measured there: below `TIE_MARGIN` it is floating-point rounding between two
-near-tied tokens, above it the method is not exact and that is a bug.
+target's top-2 logit margin is measured there: up to the tie margin it is rounding between two near-tied
+tokens, above it the method is not exact and that is a bug. The tie margin is `TIE_MARGIN`, or two steps of
+the served model's logit precision where that is coarser (bf16 logits in the int8 serving mode: 0.0625 near
+a logit of 12).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import os
 import platform
 import shlex
@@ -108,15 +111,18 @@ class Variant:
         return self.method not in PEERS
 
 
-def plan_variants(methods: list[str] | None, draft_length: int, lookup_length: int | None = None) -> list[Variant]:
+def plan_variants(methods: list[str] | None, draft_length: int, lookup_length: int | None = None,
+                  resolve=None) -> list[Variant]:
     """Our methods in registry order (`ar` always: it is the baseline), then the peers; `hf-assisted` at its
-    defaults and at our `draft` length, `hf-prompt-lookup` at its default and at our `ngram` length."""
+    defaults and at our `draft` length, `hf-prompt-lookup` at its default and at our `ngram` length.
+    `resolve(spec)` gives our methods' knobs (default: the registry's)."""
+    resolve = resolve or (lambda spec: spec.resolve_knobs({}))
     chosen = methods or [*method_names("text"), *PEERS]
     if "ar" not in chosen:
         chosen = ["ar", *chosen]
     variants = []
     for name in [m for m in method_names("text") if m in chosen]:
-        variants.append(Variant(name, name, None, get_method("text", name).resolve_knobs({})))
+        variants.append(Variant(name, name, None, resolve(get_method("text", name))))
     k, lookup_k = draft_length, lookup_length or draft_length
     if "hf" in chosen:
         variants.append(Variant("hf", "hf"))
@@ -267,12 +273,22 @@ def first_divergence(tokens: list[int], reference: list[int]) -> tuple[int | Non
 
 
 @torch.no_grad()
-def top2_margin(model, prompt_ids: torch.Tensor, prefix: list[int]) -> float:
-    """The target's top-1 minus top-2 logit for the token after prompt + prefix (one plain forward)."""
+def top2_margin(model, prompt_ids: torch.Tensor, prefix: list[int]) -> tuple[float, float]:
+    """(top-1 minus top-2 logit, the tie margin there) for the token after prompt + prefix (one plain forward)."""
     ids = torch.cat([prompt_ids, torch.tensor(prefix, dtype=torch.long)])[None]
     logits = model(input_ids=ids).logits[0, -1].float()
     top = logits.topk(2).values
-    return float(top[0] - top[1])
+    return float(top[0] - top[1]), max(TIE_MARGIN, 2 * logit_resolution(model, float(top[0])))
+
+
+def logit_resolution(model, logit: float) -> float:
+    """The spacing of the served model's logits near `logit`: bf16's for int8 serving (its output layer returns
+    bf16), 0 for float32 and wider outputs (TIE_MARGIN covers their rounding)."""
+    from specgen.modalities.int8_linear import ACTIVATION_DTYPE, Int8Linear
+
+    if not isinstance(model.get_output_embeddings(), Int8Linear) or logit == 0:
+        return 0.0
+    return torch.finfo(ACTIVATION_DTYPE).eps * 2.0 ** math.floor(math.log2(abs(logit)))
 
 
 # ---- statistics --------------------------------------------------------------------------------------------------
@@ -320,7 +336,8 @@ def summarise(items: list[dict], variants: list[Variant], stats: dict[str, SpecS
             entry.pop(key, None)  # per-item quantities; a pooled value would mix windows and prompts
         speedup, ci = _ci_entry(_per_prompt(mine, "speedup_vs_ar"), resamples)
         divergences = [{"prompt_id": i["prompt_id"], "repeat": i["repeat"], "index": i["first_divergence"],
-                        "margin": i["divergence_margin"]} for i in mine if not i["identical_to_ar"]]
+                        "margin": i["divergence_margin"], "tie_margin": i["divergence_tie_margin"]}
+                       for i in mine if not i["identical_to_ar"]]
         by_category: dict[str, list[float]] = {}
         for pid, value in _per_prompt(mine, "speedup_vs_ar").items():
             category = next(i["category"] for i in mine if i["prompt_id"] == pid)
@@ -338,7 +355,7 @@ def summarise(items: list[dict], variants: list[Variant], stats: dict[str, SpecS
             "identical_to_ar": not divergences,
             "identical_items": sum(i["identical_to_ar"] for i in mine), "items": len(mine),
             "divergences": divergences,
-            "divergence_above_tie_margin": any(d["margin"] is not None and d["margin"] > TIE_MARGIN
+            "divergence_above_tie_margin": any(d["margin"] is not None and d["margin"] > d["tie_margin"]
                                                for d in divergences),
         })
         methods[v.name] = entry
@@ -423,8 +440,9 @@ def _model_record(path: str | None) -> dict | None:
     if path is None:
         return None
     folder = Path(path)
-    return {"path": str(folder.resolve()) if folder.exists() else path,
-            "sha256": _sha256(folder / "model.safetensors")}
+    weights = folder / ("served.safetensors" if (folder / "served.safetensors").exists() else "model.safetensors")
+    return {"path": str(folder.resolve()) if folder.exists() else path, "weights": weights.name,
+            "sha256": _sha256(weights)}
 
 
 def source_state() -> dict:
@@ -498,7 +516,8 @@ def render_markdown(result: dict, plot_name: str | None) -> str:
     ]
     for role, record in env["models"].items():
         if record:
-            lines.append(f"- {role}: `{record['path']}` (model.safetensors sha256 `{record['sha256']}`)")
+            lines.append(f"- {role}: `{record['path']}` ({record.get('weights', 'model.safetensors')} sha256 "
+                         f"`{record['sha256']}`)")
     lines += [f"- prompts: `{env['prompts']['path']}` (sha256 `{env['prompts']['sha256']}`)", ""]
 
     lines += ["## Methods", "",
@@ -549,9 +568,10 @@ def render_markdown(result: dict, plot_name: str | None) -> str:
         lines.append("Every output equals our `ar` output token for token.")
     for i in diverged:
         margin = i["divergence_margin"]
-        verdict = "rounding between near-tied tokens" if margin is not None and margin <= TIE_MARGIN else "**a bug**"
+        tie = i.get("divergence_tie_margin") or TIE_MARGIN
+        verdict = "rounding between near-tied tokens" if margin is not None and margin <= tie else "**a bug**"
         lines.append(f"- `{i['name']}` on {i['prompt_id']} (repeat {i['repeat']}): first divergence at token "
-                     f"{i['first_divergence']}, target top-2 margin {_f(margin, 6)} — {verdict}")
+                     f"{i['first_divergence']}, target top-2 margin {_f(margin, 6)} (tie margin {_f(tie, 6)}) — {verdict}")
     return "\n".join(lines) + "\n"
 
 
@@ -626,11 +646,11 @@ def run_bench(*, prompts_path: Path | None, methods: list[str] | None, max_new_t
     prompts = load_prompts(prompts_path)  # fails before any model loads
     out_dir = _out_dir(Path(out_dir) if out_dir else benchmarks_dir())
     max_new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS
-    draft_length, lookup_length = (int(get_method("text", name).resolve_knobs({})["num_draft_tokens"])
-                                   for name in ("draft", "ngram"))
-    variants = plan_variants(methods, draft_length, lookup_length)
-
     generator = TextGenerator(model=model, draft=draft, threads=threads)
+    resolve = lambda spec: generator.resolve_knobs(spec, {})  # noqa: E731 - the served model's defaults apply
+    draft_length, lookup_length = (int(resolve(get_method("text", name))["num_draft_tokens"])
+                                   for name in ("draft", "ngram"))
+    variants = plan_variants(methods, draft_length, lookup_length, resolve)
     runner = Runner(generator)
     if any(v.method == "hf-assisted" or (v.ours and get_method("text", v.method).drafter == "model")
            for v in variants):
@@ -673,7 +693,10 @@ def run_bench(*, prompts_path: Path | None, methods: list[str] | None, max_new_t
                                  draft_length={"draft": draft_length, "ngram": lookup_length},
                                  load_before=load_before, load_after=load_after, load_samples=load_samples,
                                  timestamp=timestamp, variants=variants)}
-    return result, write_outputs(result, out_dir, timestamp)
+    from specgen.modalities.text import gemma
+
+    label = "text-gemma" if gemma.is_served(generator.model_path) else "text"
+    return result, write_outputs(result, out_dir, timestamp, label)
 
 
 def _round_items(generator, variants: list[Variant], prompt: Prompt, ids: torch.Tensor, repeat: int,
@@ -691,7 +714,7 @@ def _round_items(generator, variants: list[Variant], prompt: Prompt, ids: torch.
         if v.ours:
             stats["lossless"] = get_method("text", v.method).lossless
         index, compared = first_divergence(outcome.tokens, ar.tokens)
-        margin = top2_margin(generator.model, ids, ar.tokens[:index]) if index is not None else None
+        margin, tie = top2_margin(generator.model, ids, ar.tokens[:index]) if index is not None else (None, None)
         rate = len(outcome.tokens) / outcome.wall_s if outcome.wall_s > 0 else None
         speedup = rate / ar_rate if rate else None
         predicted = stats.get("predicted_speedup_measured")
@@ -700,7 +723,7 @@ def _round_items(generator, variants: list[Variant], prompt: Prompt, ids: torch.
                 "tokens_per_s": rate, "speedup_vs_ar": speedup,
                 "measured_over_predicted": speedup / predicted if speedup and predicted else None,
                 "identical_to_ar": index is None, "compared_tokens": compared, "first_divergence": index,
-                "divergence_margin": margin,
+                "divergence_margin": margin, "divergence_tie_margin": tie,
                 "divergence_tokens": None if index is None else {"ar": ar.tokens[index],
                                                                   v.name: outcome.tokens[index]}}
         if v.name == "ar":  # what the model wrote, once per round, for readers of the JSON
@@ -720,16 +743,18 @@ def _pool(total: SpecStats, run: SpecStats) -> None:
         total.accepted_at[d] += accepted
 
 
-def write_outputs(result: dict, out_dir: Path, timestamp: str) -> dict[str, Path]:
-    stem = out_dir / f"bench-text-{timestamp}"
+def write_outputs(result: dict, out_dir: Path, timestamp: str, label: str = "text") -> dict[str, Path]:
+    """bench-<label>-<timestamp>.{json,md,png} and copies as <label>-latest.*; the label is `text-gemma` for
+    Gemma 3 270M so its figures sit beside the code model's instead of replacing them."""
+    stem = out_dir / f"bench-{label}-{timestamp}"
     files = {"json": stem.with_suffix(".json"), "md": stem.with_suffix(".md"), "png": stem.with_suffix(".png")}
     files["json"].write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     plot_png(files["png"], result["methods"])
     files["md"].write_text(render_markdown(result, files["png"].name), encoding="utf-8")
     for kind in ("json", "md", "png"):
-        latest = out_dir / f"text-latest.{kind}"
+        latest = out_dir / f"{label}-latest.{kind}"
         if kind == "md":  # the latest copy points at the latest plot
-            latest.write_text(render_markdown(result, "text-latest.png"), encoding="utf-8")
+            latest.write_text(render_markdown(result, f"{label}-latest.png"), encoding="utf-8")
         else:
             shutil.copyfile(files[kind], latest)
         files[f"latest_{kind}"] = latest
@@ -747,5 +772,6 @@ def bench_text(args) -> int:
         print(json.dumps(result))
     else:
         print(render_markdown(result, files["png"].name), end="")
-    print(f"wrote {files['json']}, {files['md']}, {files['png']} (and text-latest.* beside them)", file=sys.stderr)
+    print(f"wrote {files['json']}, {files['md']}, {files['png']} (and {files['latest_md'].stem}.* beside them)",
+          file=sys.stderr)
     return 0

@@ -1,8 +1,9 @@
 """Any transformers causal LM as a `TargetModel` (and as the engine of model drafters), shared by the text,
 image and speech modalities.
 
-The KV cache is ours: per layer one preallocated [batch, kv_heads, capacity, head_dim] tensor, indexed by
-position, with a length per row. Scoring writes the new keys/values at slots length..length+n-1 of each row
+The KV cache is ours: per layer one [batch, kv_heads, slots, head_dim] tensor, indexed by position, with a
+length per row; it grows by doubling up to the model's capacity (Gemma 3 allows 32,768 positions: allocating
+them all up front would take 1.2 GB for a 100-token request). Scoring writes the new keys/values at slots length..length+n-1 of each row
 and attends through an explicit 4-D mask (cached prefix + the slot's ancestors; sliding-window layers also
 drop keys that are `sliding_window` or more positions back). `commit` compacts the kept slots and advances
 the lengths; rolling back is just not advancing. Correctness therefore never depends on
@@ -18,7 +19,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from specgen.errors import InvalidRequest
-from specgen.modalities import llama_runner
+from specgen.modalities import gemma_runner, llama_runner
 
 
 class PositionCache(Cache):
@@ -32,6 +33,7 @@ class PositionCache(Cache):
         self.lengths = torch.zeros(batch_size, dtype=torch.long)
         self.rows = torch.arange(batch_size)
         self.window = 0  # slots written by the current forward
+        self.width = 0  # key columns the current forward attends (cached + window)
         self.all_rows, self.common_start = True, 0
 
     def begin(self, rows: torch.Tensor, window: int) -> int:
@@ -41,6 +43,7 @@ class PositionCache(Cache):
         self.rows, self.window = rows, window
         lengths = self.lengths[rows]
         self.all_rows = self._all_rows()
+        self.width = int(lengths.max()) + window
         # every row at the same length (always so for one row): plain slices instead of indexed writes
         self.common_start = int(lengths[0]) if bool((lengths == lengths[0]).all()) else None
         return int(lengths.max()) + window
@@ -50,10 +53,8 @@ class PositionCache(Cache):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         # key_states: [rows, kv_heads, window, head_dim]
-        if layer_idx not in self.keys:
-            shape = (self.rows_total, key_states.shape[1], self.capacity, key_states.shape[-1])
-            self.keys[layer_idx] = key_states.new_zeros(shape)
-            self.values[layer_idx] = value_states.new_zeros(shape[:3] + value_states.shape[-1:])
+        if layer_idx not in self.keys or self.keys[layer_idx].shape[2] < self.width:
+            self._grow(layer_idx, key_states, value_states, self.width)
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         if self.all_rows and self.common_start is not None:
             start, end = self.common_start, self.common_start + key_states.shape[2]
@@ -68,6 +69,15 @@ class PositionCache(Cache):
         if self.all_rows:
             return keys[:, :, :width], values[:, :, :width]
         return keys[self.rows, :, :width], values[self.rows, :, :width]
+
+    def _grow(self, layer_idx: int, key_states, value_states, needed: int) -> None:
+        slots = min(self.capacity, max(64, 1 << (needed - 1).bit_length()))
+        shape = (self.rows_total, key_states.shape[1], slots, key_states.shape[-1])
+        keys, values = key_states.new_zeros(shape), value_states.new_zeros(shape[:3] + value_states.shape[-1:])
+        if layer_idx in self.keys:
+            kept = self.keys[layer_idx].shape[2]
+            keys[:, :, :kept], values[:, :, :kept] = self.keys[layer_idx], self.values[layer_idx]
+        self.keys[layer_idx], self.values[layer_idx] = keys, values
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return int(self.lengths.max())
@@ -95,8 +105,12 @@ class TransformersTarget:
 
     def __init__(self, model, capacity: int | None = None, fast: bool = True):
         self.model = model.eval()
-        # Llama-architecture checkpoints run through a compact forward of ours (same weights, same arithmetic)
-        self.runner = llama_runner.LlamaRunner(model) if fast and llama_runner.supports(model) else None
+        # Llama and Gemma 3 checkpoints run through a compact forward of ours (same weights, same arithmetic)
+        self.runner = None
+        if fast and llama_runner.supports(model):
+            self.runner = llama_runner.LlamaRunner(model)
+        elif fast and gemma_runner.supports(model):
+            self.runner = gemma_runner.GemmaRunner(model)
         config = model.config
         self.vocab_size = config.vocab_size
         self.capacity = capacity or getattr(config, "max_position_embeddings", 2048)
@@ -151,7 +165,7 @@ class TransformersTarget:
         n = tokens.shape[1]
         width = self.cache.begin(rows, n)
         if tokens.is_floating_point():
-            if self.runner is None:
+            if not hasattr(self.runner, "forward_hidden"):
                 raise InvalidRequest("scoring input vectors needs a Llama-architecture model")
             run = lambda mask: self.runner.forward_hidden(tokens, positions, self.cache, mask)  # noqa: E731
         elif self.runner is not None:

@@ -13,14 +13,10 @@ CHARS = "abcdefghijklmnopqrstuvwxyz (){}:=\n"
 def save_tiny(folder, seed, vocab_chars=CHARS, layers=2, hidden=32, wide=False) -> str:
     """wide=True: a wide initialisation keeps top-2 logit margins far above float rounding (so another attention
     path cannot flip a near-tie) and a zero <eos> logit lets runs go the full length."""
-    vocab = {"<bos>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(vocab_chars)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>")
+    fast = char_tokenizer(vocab_chars)
     torch.manual_seed(seed)
     extra = {"initializer_range": 0.2} if wide else {}
-    config = LlamaConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
+    config = LlamaConfig(vocab_size=len(fast), hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=96, bos_token_id=0, eos_token_id=1, **extra)
     model = LlamaForCausalLM(config)
@@ -29,6 +25,36 @@ def save_tiny(folder, seed, vocab_chars=CHARS, layers=2, hidden=32, wide=False) 
             model.lm_head.weight[1] = 0
     model.save_pretrained(folder)
     fast.save_pretrained(folder)
+    return str(folder)
+
+
+def char_tokenizer(vocab_chars=CHARS) -> PreTrainedTokenizerFast:
+    """One token per character, <bos> = 0 and <eos> = 1."""
+    vocab = {"<bos>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(vocab_chars)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>")
+
+
+def tiny_gemma3(seed=0, vocab=len(CHARS) + 2, hidden=64, head_dim=16, dtype=torch.float32):
+    """A tiny random Gemma 3 text model: two sliding-window layers (window 8) and one global layer, tied
+    embeddings, one key/value head, as the real 270M model."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=3,
+                              num_attention_heads=4, num_key_value_heads=1, head_dim=head_dim,
+                              max_position_embeddings=256, sliding_window=8, bos_token_id=0, eos_token_id=1,
+                              pad_token_id=1, layer_types=["sliding_attention", "sliding_attention", "full_attention"])
+    return Gemma3ForCausalLM(config).to(dtype).eval()
+
+
+def save_tiny_gemma_served(folder, seed=0) -> str:
+    """A tiny Gemma 3 packed into the served int8 format (what `gemma` resolves to after conversion)."""
+    from specgen.modalities.text.gemma import save_served
+
+    save_served(tiny_gemma3(seed), char_tokenizer(), folder)
     return str(folder)
 
 

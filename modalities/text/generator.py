@@ -1,8 +1,10 @@
 """`TextGenerator`: text generation with any transformers causal LM, plain or speculative.
 
 Methods come from the registry: `ar` (plain decoding), `draft` (a draft model, exact rejection sampling or
-greedy matching), `ngram` (prompt lookup). Without arguments it loads the small code model pair trained
-here and shipped in `assets/code/`. Everything runs offline; a path that does not exist raises ModelNotFound.
+greedy matching), `ngram` (prompt lookup). Without arguments it serves Gemma 3 270M when the `gemma` extra is
+installed (converted once into the user cache, served batch-invariant: `text/gemma.py`), else the small code
+model pair trained here and shipped in `assets/code/`. The model name `gemma` always means the former.
+Everything runs offline; a path that does not exist raises ModelNotFound.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from specgen.errors import InvalidRequest, ModelNotFound, VocabularyMismatch
 from specgen.modalities.assets import assets_dir
 from specgen.modalities.model_drafter import ModelDrafter
+from specgen.modalities.text import gemma
 from specgen.modalities.text.ngram import PromptLookupDrafter
 from specgen.modalities.transformers_adapter import TransformersTarget, measure_window_s
 from specgen.samplers.acceptance import make_rule
@@ -30,9 +33,18 @@ from specgen.samplers.stats import SpecStats
 from specgen.samplers.types import StepEvent
 
 
-def default_models() -> tuple[str, str]:
+def default_models() -> tuple[str, str | None]:
+    """(target, draft): Gemma 3 270M and its shipped draft (if any) with the gemma extra, else the code pair."""
+    if gemma.extra_installed():
+        draft = gemma.shipped_draft()
+        return gemma.ALIAS, str(draft) if draft else None
     code = assets_dir() / "code"
     return str(code / "target"), str(code / "draft")
+
+
+def resolve_model_path(path: str) -> str:
+    """`gemma` -> its served folder in the user cache (converted on first use); other paths unchanged."""
+    return str(gemma.resolve()) if path == gemma.ALIAS else path
 
 
 def load_causal_lm(path: str, dtype=torch.float32):
@@ -40,6 +52,9 @@ def load_causal_lm(path: str, dtype=torch.float32):
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # small checkpoints load instantly; keep stderr for our own lines
+    path = resolve_model_path(path)
+    if gemma.is_served(path):  # packed int8 rows: the batch-invariant serving mode
+        return gemma.load_served(path)
     if os.sep in path and not Path(path).exists():
         raise ModelNotFound(f"model path {path!r} does not exist")
     try:
@@ -73,7 +88,7 @@ class TextGenerator:
         if threads:
             torch.set_num_threads(threads)
         default_target, default_draft = default_models()
-        self.model_path = model or default_target
+        self.model_path = resolve_model_path(model or default_target)
         self.draft_path = draft or (default_draft if model is None else None)
         self.model = load_causal_lm(self.model_path, dtype)
         self.tokenizer = load_tokenizer(self.model_path)
@@ -110,7 +125,7 @@ class TextGenerator:
                top_p: float = 1.0, top_k: int = 0, seed: int = 0, num_samples: int = 1,
                stats: SpecStats | None = None, **params) -> Iterator[StepEvent]:
         spec = get_method("text", method)
-        knobs = spec.resolve_knobs(params)
+        knobs = self.resolve_knobs(spec, params)
         if num_samples < 1:
             raise InvalidRequest(f"num_samples must be >= 1, got {num_samples}")
         processing = Processing(temperature=temperature, top_p=top_p, top_k=top_k)
@@ -150,6 +165,15 @@ class TextGenerator:
             events.append(event)
             yield event
         self.online.observe(prompt_ids, events)  # a request served to its end teaches the draft (OSD)
+
+    @property
+    def knob_defaults(self) -> dict:
+        """Defaults this served model prefers over the registry's (only for knobs a method has)."""
+        return {"num_draft_tokens": gemma.DRAFT_LENGTH} if gemma.is_served(self.model_path) else {}
+
+    def resolve_knobs(self, spec, params: dict) -> dict:
+        known = {knob.name for knob in spec.knobs}
+        return spec.resolve_knobs({**{k: v for k, v in self.knob_defaults.items() if k in known}, **params})
 
     def learn_online(self, *, interval: int = 8, lr: float = 1e-3, positions: str = "wrong"):
         """Online speculative decoding (OSD): from now on every single-sample request with method `draft` served to

@@ -39,14 +39,15 @@ def full_logits(model, tokens):
         return model(torch.as_tensor(tokens)[None]).logits[0]
 
 
-@pytest.mark.parametrize("make,fast", [(tiny_llama, True), (tiny_llama, False), (tiny_gemma3, True)])
+@pytest.mark.parametrize("make,fast", [(tiny_llama, True), (tiny_llama, False), (tiny_gemma3, True),
+                                       (tiny_gemma3, False)])
 def test_rollback_and_continue_equals_a_fresh_forward(make, fast):
-    """fast=True runs Llama through our compact runner; fast=False through transformers' modules."""
+    """fast=True runs Llama and Gemma 3 through our compact runners; fast=False through transformers' modules."""
     model = make()
     sequence = torch.randint(0, VOCAB, (46,), generator=torch.Generator().manual_seed(1))
     reference = full_logits(model, sequence)
     target = TransformersTarget(model, fast=fast)
-    assert (target.runner is not None) == (fast and make is tiny_llama)
+    assert (target.runner is not None) == fast
     target.prefill([sequence[:5]])
     position, row = 4, torch.tensor([0])
     while position < len(sequence) - 1:

@@ -1,0 +1,126 @@
+"""A compact, batch-invariant forward pass for Gemma 3 text checkpoints (the default text target).
+
+Same arithmetic as transformers' Gemma 3 (scaled embeddings, (1 + w) RMSNorms before and after attention and
+MLP, q/k norms, local and global rotary bases, sliding-window layers, tanh-GELU gating) in a few fused calls
+per layer, with one difference that matters for exactness: attention runs one query at a time over exactly
+the keys that query sees, gathered in position order. A drafted token scored in a window of 8 then goes
+through the very same kernels, with the very same shapes, as the same token scored alone by plain decoding,
+so with row-invariant linear layers (`int8_linear.Int8Linear`) its logits are bitwise identical and
+speculative decoding reproduces plain decoding of the served model token for token. A batched attention
+kernel would tile the window's queries together and change the summation order with the window size.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specgen.modalities.int8_linear import Int8Linear
+
+SUPPORTED = ("gemma3_text",)
+
+
+def supports(model) -> bool:
+    config = model.config
+    return (getattr(config, "model_type", None) in SUPPORTED and not getattr(config, "attention_bias", False)
+            and getattr(config, "hidden_activation", None) == "gelu_pytorch_tanh"
+            and getattr(config, "attn_logit_softcapping", None) is None)
+
+
+def _fused(layers):
+    """One callable computing `layers` side by side (rows are independent, so results are unchanged)."""
+    if all(isinstance(layer, Int8Linear) for layer in layers):
+        return Int8Linear.concat(layers)
+    weight = torch.cat([layer.weight for layer in layers]).detach()
+    return lambda x: F.linear(x, weight)
+
+
+class GemmaRunner:
+    def __init__(self, model):
+        config, body = model.config, model.model
+        self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.embed, self.rotary, self.lm_head = body.embed_tokens, body.rotary_emb, model.lm_head
+        self.final_norm = (body.norm.weight, body.norm.eps)
+        self.softcap = config.final_logit_softcapping
+        self.keep_hidden, self.last_hidden = False, None
+        self.layers = []
+        for layer_type, layer in zip(config.layer_types, body.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            self.layers.append({
+                "type": layer_type,
+                "norm_in": (layer.input_layernorm.weight, layer.input_layernorm.eps),
+                "qkv": _fused([attn.q_proj, attn.k_proj, attn.v_proj]),
+                "q_norm": (attn.q_norm.weight, attn.q_norm.eps), "k_norm": (attn.k_norm.weight, attn.k_norm.eps),
+                "out": attn.o_proj, "scaling": attn.scaling,
+                "norm_post_attn": (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps),
+                "norm_pre_mlp": (layer.pre_feedforward_layernorm.weight, layer.pre_feedforward_layernorm.eps),
+                "gate_up": _fused([mlp.gate_proj, mlp.up_proj]), "down": mlp.down_proj,
+                "norm_post_mlp": (layer.post_feedforward_layernorm.weight, layer.post_feedforward_layernorm.eps),
+            })
+
+    @torch.no_grad()
+    def forward(self, tokens, positions, cache, attention_mask, logits_to_keep: int = 0) -> torch.Tensor:
+        """tokens, positions: [rows, n]; attention_mask: None (every cached key and every earlier window slot is
+        visible) or {layer type: additive [rows, 1, n, width]}. Returns logits [rows, n or logits_to_keep, V]."""
+        hidden = self.embed(tokens)  # [rows, n, d]
+        rows, n = tokens.shape
+        visible = {kind: _visible_keys(None if attention_mask is None else attention_mask[kind], rows, n, cache.width)
+                   for kind in {layer["type"] for layer in self.layers}}
+        rotary = {kind: self.rotary(hidden, positions, kind) for kind in visible}  # cos, sin: [rows, n, head_dim]
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        for index, layer in enumerate(self.layers):
+            x = _rms_norm(hidden, *layer["norm_in"])
+            q, k, v = layer["qkv"](x).split([q_size, kv_size, kv_size], dim=-1)
+            q = _rms_norm(q.view(rows, n, self.heads, self.head_dim), *layer["q_norm"]).transpose(1, 2)
+            k = _rms_norm(k.view(rows, n, self.kv_heads, self.head_dim), *layer["k_norm"]).transpose(1, 2)
+            v = v.view(rows, n, self.kv_heads, self.head_dim).transpose(1, 2)  # [rows, kv_heads, n, head_dim]
+            cos, sin = (t[:, None] for t in rotary[layer["type"]])
+            q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+            keys, values = cache.update(k, v, index)  # [rows, kv_heads, width, head_dim]
+            attended = self._attend(q, keys, values, visible[layer["type"]], layer["scaling"])
+            hidden = hidden + _rms_norm(layer["out"](attended), *layer["norm_post_attn"])
+            x = _rms_norm(hidden, *layer["norm_pre_mlp"])
+            gate, up = layer["gate_up"](x).chunk(2, dim=-1)
+            mixed = F.gelu(gate, approximate="tanh") * up
+            hidden = hidden + _rms_norm(layer["down"](mixed), *layer["norm_post_mlp"])
+        hidden = _rms_norm(hidden, *self.final_norm)
+        if self.keep_hidden:
+            self.last_hidden = hidden
+        logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def _attend(self, q, keys, values, visible, scaling) -> torch.Tensor:
+        """q: [rows, heads, n, head_dim]; keys/values: [rows, kv_heads, width, head_dim]; visible: per (row, slot)
+        the key columns it sees. One query at a time, so shapes (and sums) depend only on what it sees."""
+        rows, _, n, head_dim = q.shape
+        group = self.heads // self.kv_heads
+        out = q.new_empty(rows, n, self.heads * head_dim)
+        for row, slot, columns in visible:
+            query = q[row, :, slot].reshape(self.kv_heads, group, head_dim).contiguous()
+            seen_keys = keys[row].index_select(1, columns)  # [kv_heads, seen, head_dim], contiguous
+            seen_values = values[row].index_select(1, columns)
+            scores = torch.matmul(query, seen_keys.transpose(1, 2)) * scaling  # [kv_heads, group, seen]
+            out[row, slot] = torch.matmul(torch.softmax(scores, dim=-1), seen_values).reshape(-1)
+        return out
+
+
+def _visible_keys(mask, rows: int, n: int, width: int) -> list[tuple[int, int, torch.Tensor]]:
+    """(row, slot, key columns) for every query; without a mask, slot j sees the first width - n + j + 1 keys."""
+    if mask is None:
+        return [(row, slot, torch.arange(width - n + slot + 1)) for row in range(rows) for slot in range(n)]
+    seen = mask[:, 0] == 0  # [rows, n, width]; additive masks hold exactly 0 where a key is visible
+    return [(row, slot, seen[row, slot].nonzero().flatten()) for row in range(rows) for slot in range(n)]
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # as transformers' Gemma3RMSNorm: statistics and the (1 + w) scale in float32, then back to x's dtype
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (normed * (1.0 + weight.float())).type_as(x)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -1,0 +1,166 @@
+"""Gemma 3 serving: row-invariant int8 layers and the batch-invariant runner (a token scored in a window or a
+tree gets the logits plain decoding gives it, bit for bit; dense layers fail the same test), the served
+folder, the `gemma` alias, the default model and the missing extra. Tiny random models throughout; the real
+conversion runs only with SPECGEN_GEMMA_TESTS=1 and the gemma extra."""
+
+import os
+
+import pytest
+import torch
+
+from specgen.errors import MissingExtra
+from specgen.modalities.gemma_runner import GemmaRunner
+from specgen.modalities.int8_linear import Int8Linear, quantize_model
+from specgen.modalities.text import gemma
+from specgen.modalities.text.ngram import PromptLookupDrafter
+from specgen.modalities.transformers_adapter import TransformersTarget
+from specgen.samplers.acceptance import GreedyMatch
+from specgen.samplers.loop import generate
+from specgen.samplers.policies import FixedLength
+from specgen.samplers.processing import Processing
+from specgen.samplers.types import DraftTree
+from tiny_models import save_tiny_gemma_served, tiny_gemma3
+
+ROW = torch.tensor([0])
+
+
+def test_int8_linear_rows_do_not_depend_on_the_number_of_rows_and_fuse_exactly():
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(96, 40, bias=False), torch.nn.Linear(96, 24, bias=False)
+    layer, other = Int8Linear.from_linear(first), Int8Linear.from_linear(second)
+    x = torch.randn(9, 96)
+    # within int8/bf16 rounding of the float layer
+    assert torch.allclose(layer(x), first(x), atol=0.05 * first(x).abs().max().item())
+    alone = [layer(x[i:i + 1]) for i in range(9)]
+    for rows in range(1, 10):
+        assert torch.equal(layer(x[:rows]), torch.cat(alone[:rows]))
+    fused = Int8Linear.concat([layer, other])(x)
+    assert torch.equal(fused, torch.cat([layer(x), other(x)], -1))
+
+
+def plain_logits(model, sequence, start):
+    """Logits of positions start..len-2, each scored alone after the previous ones (plain decoding)."""
+    target = TransformersTarget(model)
+    target.prefill([sequence[:start + 1]])
+    out = []
+    for position in range(start, len(sequence) - 1):
+        out.append(target.score(sequence[position:position + 1][None], torch.tensor([[position]]), ROW)[0, 0])
+        target.commit(torch.ones(1, 1, dtype=torch.bool), ROW)
+    return out
+
+
+def window_mismatches(model, windows=(2, 3, 4, 5, 8)) -> int:
+    """Score the sequence in windows (keeping 2 slots each time, rolling back the rest) and count the slots
+    whose logits differ in any bit from plain decoding's."""
+    sequence = torch.randint(0, model.config.vocab_size, (40,), generator=torch.Generator().manual_seed(1))
+    start = 4
+    plain = plain_logits(model, sequence, start)
+    mismatches = 0
+    for window in windows:
+        target = TransformersTarget(model)
+        target.prefill([sequence[:start + 1]])
+        position = start
+        while position < len(sequence) - 1:
+            n = min(window, len(sequence) - 1 - position)
+            logits = target.score(sequence[position:position + n][None], torch.arange(position, position + n)[None], ROW)
+            mismatches += sum(not torch.equal(logits[0, i], plain[position - start + i]) for i in range(n))
+            keep = min(2, n)
+            target.commit(torch.arange(n)[None] < keep, ROW)
+            position += keep
+    return mismatches
+
+
+def test_windows_score_bitwise_as_plain_decoding_when_served_int8():
+    model = quantize_model(tiny_gemma3())
+    assert isinstance(TransformersTarget(model).runner, GemmaRunner)
+    assert window_mismatches(model) == 0  # sliding window 8 is crossed many times over 40 tokens
+
+
+def test_dense_layers_fail_the_same_invariance_test():
+    """Negative control: the same runner over dense fp32 layers changes logits with the window size."""
+    assert window_mismatches(tiny_gemma3()) > 0
+
+
+def test_tree_nodes_and_ragged_rows_score_bitwise_as_alone():
+    model = quantize_model(tiny_gemma3(1))
+    vocab = model.config.vocab_size
+    prompt = torch.randint(0, vocab, (14,), generator=torch.Generator().manual_seed(2))
+    parents = [-1, 0, 0, 1, 1, 2, 3]
+    tokens = [int(prompt[-1]), 5, 7, 9, 11, 13, 15]
+    tree = DraftTree.from_parents(tokens, parents)
+    target = TransformersTarget(model)
+    target.prefill([prompt])
+    logits = target.score(tree.tokens, len(prompt) - 1 + tree.depths, ROW, tree.ancestor_mask)
+    for node in range(len(tokens)):
+        path = tree.ancestor_mask[0, node].nonzero().flatten().tolist()[1:]
+        sequence = torch.tensor(prompt.tolist() + [tokens[i] for i in path] + [0])
+        assert torch.equal(logits[0, node], plain_logits(model, sequence, len(sequence) - 2)[0]), node
+    # a ragged batch: each row equals that row run alone
+    prompts = [prompt[:5], prompt, prompt[:9]]
+    batch = TransformersTarget(model)
+    batch.prefill(prompts)
+    window = torch.stack([torch.tensor([int(p[-1]), 3, 4, 6]) for p in prompts])
+    positions = torch.tensor([len(p) - 1 for p in prompts])[:, None] + torch.arange(4)
+    scored = batch.score(window, positions, torch.arange(3))
+    for r, p in enumerate(prompts):
+        alone = TransformersTarget(model)
+        alone.prefill([p])
+        assert torch.equal(scored[r], alone.score(window[r:r + 1], positions[r:r + 1], ROW)[0]), r
+
+
+def test_prompt_lookup_on_the_served_model_equals_plain_greedy():
+    model = quantize_model(tiny_gemma3(2))
+    greedy = Processing(temperature=0)
+    prompts = [torch.tensor([0, 3, 4, 5, 3, 4, 5, 3, 4]), torch.tensor([0, 7, 8, 7, 8, 7])]
+    plain = generate(TransformersTarget(model), None, GreedyMatch(), prompts, processing=greedy, max_new_tokens=48)
+    spec = generate(TransformersTarget(model), PromptLookupDrafter(2), GreedyMatch(), prompts, processing=greedy,
+                    max_new_tokens=48, policy=FixedLength(3))
+    assert spec.tokens == plain.tokens and spec.stats["accepted"] > 0
+
+
+def test_served_folder_round_trip_is_bitwise(tmp_path):
+    folder = save_tiny_gemma_served(tmp_path / "served", seed=3)
+    reference = quantize_model(tiny_gemma3(3))
+    loaded = gemma.load_served(folder)
+    assert isinstance(loaded.lm_head, Int8Linear) and loaded.model.embed_tokens._tied[0] is loaded.lm_head
+    ids = torch.randint(0, reference.config.vocab_size, (1, 20), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, reference(ids).logits)
+    # the packed folder is about a quarter of the float weights (int8 rows, one bf16 scale per row)
+    float_bytes = sum(p.numel() * 4 for p in tiny_gemma3(3).parameters())
+    assert (tmp_path / "served" / "served.safetensors").stat().st_size < 0.5 * float_bytes
+
+
+def test_the_gemma_alias_serves_the_converted_folder(tmp_path, monkeypatch):
+    from specgen.modalities.text.generator import TextGenerator
+
+    monkeypatch.setenv("SPECGEN_HOME", str(tmp_path / "home"))
+    save_tiny_gemma_served(gemma.served_dir(), seed=4)  # as if converted earlier: no extra needed now
+    generator = TextGenerator("gemma")
+    assert generator.model_path == str(gemma.served_dir())
+    plain = generator.generate("abc abc abc", method="ar", max_new_tokens=24)
+    spec = generator.generate("abc abc abc", method="ngram", max_new_tokens=24)
+    assert spec.tokens == plain.tokens and len(plain.tokens) > 0
+
+
+def test_gemma_without_the_extra_is_one_clear_error(tmp_path, monkeypatch, capsys):
+    from specgen.app.cli import main
+    from specgen.modalities.text.generator import TextGenerator, default_models
+
+    monkeypatch.setenv("SPECGEN_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(gemma, "extra_installed", lambda: False)
+    with pytest.raises(MissingExtra, match=r"specgen\[gemma\]"):
+        TextGenerator("gemma")
+    assert main(["generate", "text", "--prompt", "hi", "--model", "gemma"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "pip install 'specgen[gemma]'" in err[0]
+    assert default_models()[0].endswith("target")  # the shipped code model is the default without the extra
+    monkeypatch.setattr(gemma, "extra_installed", lambda: True)
+    assert default_models()[0] == "gemma"
+
+
+@pytest.mark.skipif(os.environ.get("SPECGEN_GEMMA_TESTS") != "1" or not gemma.extra_installed(),
+                    reason="converts the real Gemma 3 270M (gemma extra, ~2 minutes): set SPECGEN_GEMMA_TESTS=1")
+def test_real_gemma_converts_and_windows_are_bitwise_plain_decoding():
+    model = gemma.load_served(gemma.resolve())
+    assert window_mismatches(model, windows=(2, 4, 8)) == 0
