@@ -15,7 +15,7 @@ Every output is checked token for token against our `ar` output of the same prom
 target's top-2 logit margin is measured there: up to the tie margin it is rounding between two near-tied
 tokens, above it the method is not exact and that is a bug. The tie margin is `TIE_MARGIN`, or two steps of
 the served model's logit precision where that is coarser (bf16 logits in the int8 serving mode: 0.0625 near
-a logit of 12).
+a logit of 12, where the int8 layers run on the bf16 fallback kernel).
 """
 
 from __future__ import annotations
@@ -282,13 +282,13 @@ def top2_margin(model, prompt_ids: torch.Tensor, prefix: list[int]) -> tuple[flo
 
 
 def logit_resolution(model, logit: float) -> float:
-    """The spacing of the served model's logits near `logit`: bf16's for int8 serving (its output layer returns
-    bf16), 0 for float32 and wider outputs (TIE_MARGIN covers their rounding)."""
-    from specgen.modalities.int8_linear import ACTIVATION_DTYPE, Int8Linear
+    """The spacing of the served model's logits near `logit`: bf16's for int8 layers on the bf16 fallback
+    kernel, 0 for float32 and wider outputs (TIE_MARGIN covers their rounding)."""
+    from specgen.modalities.int8_linear import FALLBACK_DTYPE, Int8Linear, backend
 
-    if not isinstance(model.get_output_embeddings(), Int8Linear) or logit == 0:
+    if not isinstance(model.get_output_embeddings(), Int8Linear) or logit == 0 or "bf16" not in backend():
         return 0.0
-    return torch.finfo(ACTIVATION_DTYPE).eps * 2.0 ** math.floor(math.log2(abs(logit)))
+    return torch.finfo(FALLBACK_DTYPE).eps * 2.0 ** math.floor(math.log2(abs(logit)))
 
 
 # ---- statistics --------------------------------------------------------------------------------------------------
@@ -476,6 +476,10 @@ def environment(runner: Runner, *, source: dict, command: str, prompts_path: Pat
         "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED, "unit": "prompt"},
         "tie_margin": TIE_MARGIN, "variants": [v.name for v in variants],
     }
+    from specgen.modalities.int8_linear import Int8Linear, backend
+
+    if isinstance(generator.model.get_output_embeddings(), Int8Linear):
+        env["int8_kernel"] = backend()
     if any(v.method == "hf-assisted" for v in variants):
         env["hf_assistant_defaults"] = runner.assistant_settings()
     return env
@@ -518,6 +522,8 @@ def render_markdown(result: dict, plot_name: str | None) -> str:
         if record:
             lines.append(f"- {role}: `{record['path']}` ({record.get('weights', 'model.safetensors')} sha256 "
                          f"`{record['sha256']}`)")
+    if env.get("int8_kernel"):
+        lines.append(f"- served in the batch-invariant int8 mode, kernel `{env['int8_kernel']}`")
     lines += [f"- prompts: `{env['prompts']['path']}` (sha256 `{env['prompts']['sha256']}`)", ""]
 
     lines += ["## Methods", "",

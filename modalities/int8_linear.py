@@ -3,10 +3,12 @@
 Speculative verification scores several tokens in one forward; the outputs are exact only if a token's logits
 do not depend on how many tokens are scored with it. Dense fp32 and bf16 matmuls break that on CPU (the BLAS
 picks a different kernel, hence a different summation order, for 1 row than for 4), and dynamic int8
-quantisation breaks it outright (one activation scale for the whole window). `torch._weight_int8pack_mm`
-computes each output row with the same per-row kernel whatever the number of rows, so every layer built on it
-is row-invariant by construction; with bf16 activations it is also the fastest path on AVX2 CPUs (Gemma 3's
-262,144 x 640 output layer: 31 ms for 1 token, 48 ms for 4, against 59 and 152 ms in fp32).
+quantisation breaks it outright (one activation scale for the whole window). Weights stored as int8 rows with
+one float32 scale per row go through `kernels.int8_rows`, a small AVX2 kernel of ours whose every output has
+a fixed summation order whatever the number of rows (fp32 activations; one pass over the weights per 6 rows,
+so verifying a window of 4-6 tokens costs little more than one). Where it cannot be built,
+`torch._weight_int8pack_mm` with bf16 activations is used: also row-invariant (per-row kernel), but with
+bf16 outputs and a pass over the weights per 4 rows. Either way every layer is row-invariant by construction.
 """
 
 from __future__ import annotations
@@ -14,25 +16,32 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-ACTIVATION_DTYPE = torch.bfloat16  # the kernel's fast path; its fp16 and fp32 paths are scalar on CPU
+from specgen.kernels import int8_rows
+
+FALLBACK_DTYPE = torch.bfloat16  # torch._weight_int8pack_mm's fast path; its fp16 and fp32 paths are scalar on CPU
+
+
+def backend() -> str:
+    """Which kernel the int8 layers run on this machine (recorded with benchmark results)."""
+    return "int8_rows-avx2-fp32" if int8_rows.available() else "weight_int8pack_mm-bf16"
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """weight [out, in] float -> (int8 [out, in], scales [out] bf16), one symmetric scale per output row."""
-    scales = (weight.detach().float().abs().amax(1).clamp_min(1e-12) / 127).to(ACTIVATION_DTYPE)
-    # round against the scale the kernel will actually use (bf16), so dequantised weights are as close as possible
-    quantized = torch.round(weight.detach().float() / scales.float()[:, None]).clamp_(-127, 127).to(torch.int8)
+    """weight [out, in] float -> (int8 [out, in], scales [out] float32), one symmetric scale per output row."""
+    scales = weight.detach().float().abs().amax(1).clamp_min(1e-12) / 127
+    quantized = torch.round(weight.detach().float() / scales[:, None]).clamp_(-127, 127).to(torch.int8)
     return quantized.contiguous(), scales
 
 
 class Int8Linear(nn.Module):
-    """y = x W^T with W stored as int8 rows times a bf16 scale per row; x is cast to bf16, y back to x's dtype."""
+    """y = x W^T with W stored as int8 rows times a float32 scale per row; y in x's dtype."""
 
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor):
         super().__init__()
         self.register_buffer("qweight", qweight)  # [out, in] int8
-        self.register_buffer("scales", scales)  # [out] bf16
+        self.register_buffer("scales", scales.float())  # [out]
         self.out_features, self.in_features = qweight.shape
+        self._fallback_scales = None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
@@ -50,12 +59,17 @@ class Int8Linear(nn.Module):
         return self.qweight.to(dtype) * self.scales.to(dtype)[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(ACTIVATION_DTYPE).contiguous()
-        out = torch._weight_int8pack_mm(flat, self.qweight, self.scales)
+        if x.device.type == "cpu" and self.in_features % 8 == 0 and int8_rows.available():
+            out = int8_rows.int8_rows_mm(x.reshape(-1, self.in_features).float().contiguous(), self.qweight, self.scales)
+        else:
+            if self._fallback_scales is None or self._fallback_scales.device != x.device:
+                self._fallback_scales = self.scales.to(FALLBACK_DTYPE)
+            flat = x.reshape(-1, self.in_features).to(FALLBACK_DTYPE).contiguous()
+            out = torch._weight_int8pack_mm(flat, self.qweight, self._fallback_scales)
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 rows, bf16 activations"
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 rows"
 
 
 class Int8Embedding(nn.Module):

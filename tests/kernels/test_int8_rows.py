@@ -1,0 +1,51 @@
+"""The int8 CPU kernel: equal to its torch twin up to float32 summation order, and row-invariant bit for bit
+(a row's result never depends on how many rows are multiplied with it) — for the kernel and for the
+`torch._weight_int8pack_mm` fallback that `Int8Linear` uses where the kernel cannot be built."""
+
+import pytest
+import torch
+
+from specgen.kernels import int8_rows
+from specgen.modalities import int8_linear
+from specgen.modalities.int8_linear import Int8Linear, quantize_rows
+
+needs_kernel = pytest.mark.skipif(not int8_rows.available(), reason="no C++ compiler or no AVX2/FMA on this CPU")
+
+
+def random_layer(out_features, in_features, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return quantize_rows(torch.randn(out_features, in_features, generator=generator))
+
+
+@needs_kernel
+@pytest.mark.parametrize("out_features,in_features", [(1, 8), (7, 16), (37, 40), (130, 264), (4099, 64)])
+def test_kernel_matches_its_torch_twin(out_features, in_features):
+    weight, scales = random_layer(out_features, in_features)
+    x = torch.randn(13, in_features, generator=torch.Generator().manual_seed(1))
+    for rows in (1, 2, 3, 5, 6, 7, 13):
+        got = int8_rows.int8_rows_mm(x[:rows], weight, scales)
+        want = int8_rows.reference(x[:rows], weight, scales)
+        assert got.dtype == torch.float32 and got.shape == (rows, out_features)
+        assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-4 * want.abs().max().item())
+
+
+@needs_kernel
+def test_kernel_rows_are_invariant_to_the_number_of_rows():
+    weight, scales = random_layer(301, 96)
+    x = torch.randn(20, 96, generator=torch.Generator().manual_seed(2))
+    alone = torch.cat([int8_rows.int8_rows_mm(x[i:i + 1], weight, scales) for i in range(20)])
+    for rows in range(1, 21):
+        assert torch.equal(int8_rows.int8_rows_mm(x[:rows], weight, scales), alone[:rows]), rows
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "fallback"])
+def test_int8_linear_is_row_invariant_on_either_kernel(kernel, monkeypatch):
+    if kernel and not int8_rows.available():
+        pytest.skip("no C++ compiler or no AVX2/FMA on this CPU")
+    monkeypatch.setattr(int8_rows, "available", lambda: kernel)
+    layer = Int8Linear(*random_layer(64, 48, seed=3))
+    x = torch.randn(1, 11, 48, generator=torch.Generator().manual_seed(4))
+    alone = torch.cat([layer(x[:, i:i + 1]) for i in range(11)], 1)
+    for rows in range(1, 12):
+        assert torch.equal(layer(x[:, :rows]), alone[:, :rows])
+    assert ("bf16" in int8_linear.backend()) != kernel
