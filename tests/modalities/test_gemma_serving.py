@@ -164,3 +164,14 @@ def test_gemma_without_the_extra_is_one_clear_error(tmp_path, monkeypatch, capsy
 def test_real_gemma_converts_and_windows_are_bitwise_plain_decoding():
     model = gemma.load_served(gemma.resolve())
     assert window_mismatches(model, windows=(2, 4, 8)) == 0
+
+
+def test_the_demo_header_says_why_this_text_model(monkeypatch):
+    from specgen.app.ui import TextModels, header_markdown
+
+    monkeypatch.setattr(gemma, "extra_installed", lambda: False)
+    assert "needs the gemma extra" in header_markdown(TextModels())
+    assert "gemma extra" not in header_markdown(TextModels(model="some/path"))  # chosen by the user: no note
+    monkeypatch.setattr(gemma, "extra_installed", lambda: True)
+    header = header_markdown(TextModels())
+    assert "`gemma`" in header and "Gemma Terms of Use" in header

@@ -67,8 +67,9 @@ def corpus_stream(tokenizer, split: str, max_files: int | None, cache: Path) -> 
     path = cache / f"stream-{split}-{key}.npy"
     if not path.exists():
         encoded = tokenizer.backend_tokenizer.encode_batch(corpus.texts(split), add_special_tokens=False)
+        dtype = np.uint16 if len(tokenizer) <= 1 << 16 else np.uint32  # Gemma's ids go up to 262,143
         stream = np.fromiter((i for e in encoded for i in (tokenizer.bos_token_id, *e.ids, tokenizer.eos_token_id)),
-                             dtype=np.uint16)
+                             dtype=dtype)
         _save_atomic(path, stream)
     return np.load(path)
 

@@ -132,6 +132,9 @@ def _init_draft(cfg: DistillConfig, target, tokenizer, calibration: np.ndarray):
     from specgen.modalities.text.generator import default_models
 
     spec = cfg.init or default_models()[1]
+    if spec is None:
+        raise InvalidRequest("this target has no default draft to start from: pass --init scratch, prune:N or a "
+                             "model folder")
     if spec == "scratch":
         from specgen.modalities.text.models import build_model
 
@@ -258,13 +261,13 @@ def train_draft(cfg: DistillConfig, *, stop_after: int | None = None, say=_say) 
     from tqdm import tqdm
 
     from specgen.modalities.text.distill.evaluate import heldout_set, teacher_forced
-    from specgen.modalities.text.generator import default_models, load_tokenizer
+    from specgen.modalities.text.generator import default_models, load_tokenizer, resolve_model_path
 
     cfg.check()
     torch.set_num_threads(cfg.threads)
     run_dir = Path(cfg.out)
     run_dir.mkdir(parents=True, exist_ok=True)
-    target_path = cfg.target or default_models()[0]
+    target_path = resolve_model_path(cfg.target or default_models()[0])  # `gemma`: its served folder
     target = _load(target_path)
     for p in target.parameters():
         p.requires_grad_(False)
