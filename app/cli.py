@@ -160,7 +160,8 @@ def _method_list(modality: str):
 
 def _method_help(modality: str) -> str:
     names = registry.method_names(modality)
-    return f"one of: {', '.join(names)}" if names else "none available yet"
+    text = f"one of: {', '.join(names)}" if names else "none available yet"
+    return text + (" (default: draft with a draft model, else ngram)" if modality == "text" else "")
 
 
 # ---- the parser --------------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ tree gets the logits plain decoding gives it, bit for bit; dense layers fail the
 folder, the `gemma` alias, the default model and the missing extra. Tiny random models throughout; the real
 conversion runs only with SPECGEN_GEMMA_TESTS=1 and the gemma extra."""
 
+import json
 import os
 
 import pytest
@@ -175,3 +176,23 @@ def test_the_demo_header_says_why_this_text_model(monkeypatch):
     monkeypatch.setattr(gemma, "extra_installed", lambda: True)
     header = header_markdown(TextModels())
     assert "`gemma`" in header and "Gemma Terms of Use" in header
+
+
+def test_distilling_a_draft_for_the_gemma_target(tmp_path, monkeypatch):
+    """`specgen train draft` resolves the alias to the served folder; without a shipped draft it asks for --init."""
+    from dataclasses import replace
+
+    from specgen.errors import InvalidRequest
+    from specgen.modalities.text import generator as generator_module
+    from specgen.modalities.text.distill.trainer import DistillConfig, train_draft
+
+    monkeypatch.setenv("SPECGEN_HOME", str(tmp_path / "home"))
+    save_tiny_gemma_served(gemma.served_dir(), seed=5)
+    monkeypatch.setattr(generator_module, "default_models", lambda: (gemma.ALIAS, None))  # the extra, no draft yet
+    cfg = DistillConfig(out=str(tmp_path / "run"), steps=2, batch_size=2, prompt_len=8, new_tokens=8, windows=8,
+                        top_k=4, max_files=2, eval_windows=4, warmup=1)
+    with pytest.raises(InvalidRequest, match="--init scratch"):
+        train_draft(cfg, say=lambda text: None)
+    summary = train_draft(replace(cfg, init="scratch", vocab_size=12), say=lambda text: None)
+    assert summary["steps"] == 2 and 0 <= summary["heldout"]["alpha"] <= 1
+    assert len(json.loads((tmp_path / "run" / "export" / "vocab_ids.json").read_text())) == 12
