@@ -403,22 +403,21 @@ def _run_local(pending: list[Request], writer: ResultWriter, summary: Summary, g
         progress.update(1)
 
 
-def _run_ray(pending: list[Request], writer: ResultWriter, summary: Summary, model, draft, threads, workers,
-             progress, media_stem: Path, image_model=None, image_vq=None) -> None:
+def _run_ray(pending: list[Request], writer: ResultWriter, summary: Summary, models: dict, workers, progress,
+             media_stem: Path) -> None:
+    """`models`: the keyword arguments every worker builds its `Generators` from (paths, never loaded models)."""
     import ray
 
     started_here = not ray.is_initialized()
     ray.init(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     try:
-        _schedule_ray(ray, pending, writer, summary, model, draft, threads, workers, progress, media_stem, image_model,
-                      image_vq)
+        _schedule_ray(ray, pending, writer, summary, models, workers, progress, media_stem)
     finally:
         if started_here:
             ray.shutdown()
 
 
-def _schedule_ray(ray, pending, writer, summary, model, draft, threads, workers, progress, media_stem, image_model,
-                  image_vq) -> None:
+def _schedule_ray(ray, pending, writer, summary, models: dict, workers, progress, media_stem) -> None:
     runnable = [r for r in pending if r.modality in RUNNABLE]
     for request in pending:  # nothing to schedule for modalities this version does not generate
         if request.modality not in RUNNABLE:
@@ -429,11 +428,10 @@ def _schedule_ray(ray, pending, writer, summary, model, draft, threads, workers,
     if not runnable:
         return
 
-    @ray.remote(num_cpus=threads)
+    @ray.remote(num_cpus=models["threads"])
     class Worker:
         def __init__(self):
-            self.generators = Generators(model=model, draft=draft, threads=threads, image_model=image_model,
-                                         image_vq=image_vq)  # speech on Ray uses the shipped models
+            self.generators = Generators(**models)
 
         def run(self, request):
             return run_item(self.generators, request, media_stem)
@@ -477,7 +475,7 @@ def run_batch(input_path, output_path, *, engine: str = "local", model: str | No
         import importlib.util
 
         if importlib.util.find_spec("ray") is None:
-            raise MissingExtra("--engine ray needs Ray, which is not installed (pip install 'ray>=2.9'); "
+            raise MissingExtra("--engine ray needs Ray, which is not installed (pip install 'specgen[ray]'); "
                                "or use --engine local")
         if generator is not None:
             raise InvalidRequest("the ray engine loads its models in each worker: pass model paths, not a generator")
@@ -508,8 +506,10 @@ def run_batch(input_path, output_path, *, engine: str = "local", model: str | No
     bar = _progress(len(pending), disable=not progress)
     try:
         if engine == "ray":
-            _run_ray(pending, writer, summary, model, draft, threads,
-                     workers or max(1, (os.cpu_count() or 1) // max(threads, 1)), bar, media_stem, image_model, image_vq)
+            models = dict(model=model, draft=draft, threads=threads, image_model=image_model, image_vq=image_vq,
+                          speech_paths=speech_paths, video_model=video_model)
+            _run_ray(pending, writer, summary, models, workers or max(1, (os.cpu_count() or 1) // max(threads, 1)),
+                     bar, media_stem)
         else:
             _run_local(pending, writer, summary, generators, bar, media_stem)
     finally:

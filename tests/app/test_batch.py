@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 import json
 
+from pathlib import Path
+
 import pytest
 
 from tiny_models import save_tiny, save_tiny_image_model, save_tiny_speech_models
@@ -235,11 +237,22 @@ def test_ray_engine_without_ray_is_a_missing_extra(tmp_path, capsys, monkeypatch
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed (optional engine)")
-def test_ray_engine_gives_the_local_results(full_run, pair, tmp_path):
+def test_ray_engine_gives_the_local_results(full_run, pair, image_pair, video_model, speech_paths, tmp_path):
     source, reference, _ = full_run
     out = tmp_path / "out.jsonl"
-    batch_module.run_batch(source, out, engine="ray", model=pair[0], draft=pair[1], workers=2, progress=False)
-    strip = lambda rs: sorted(({k: v for k, v in r.items() if k != "stats"} for r in rs), key=lambda r: str(r["id"]))  # noqa: E731
+    batch_module.run_batch(source, out, engine="ray", model=pair[0], draft=pair[1], workers=2, progress=False,
+                           image_model=image_pair[0], image_vq=image_pair[1], speech_paths=speech_paths,
+                           video_model=video_model)
+    def strip(records):  # stats hold timings; media files sit beside each run's output, so compare their names
+        out = []
+        for r in records:
+            r = {k: v for k, v in r.items() if k != "stats"}
+            if isinstance(r.get("result"), dict):
+                r["result"] = {k: Path(v).name if k in ("image", "audio", "video", "frames") and isinstance(v, str) else v
+                               for k, v in r["result"].items()}
+            out.append(r)
+        return sorted(out, key=lambda r: str(r["id"]))
+
     assert strip(read_jsonl(out)) == strip(reference)
 
 
