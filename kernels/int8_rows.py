@@ -4,9 +4,11 @@ out[m, n] = scales[n] * sum_k x[m, k] * w[n, k], with w int8 [N, K], x and scale
 one AVX2 accumulator fed k = 0, 8, 16, ... in order and one fixed horizontal sum, whatever the number of rows
 M: blocking over rows (up to 6 per pass over the weights) and over outputs changes the speed, never a bit of
 the result. That is what makes speculative verification of the served model exact: a token scored in a
-window of 6 gets the logits it gets alone. It also reads each weight once per 6 rows, so on Gemma 3's
-262,144 x 640 output layer (1 thread, AVX2) 1, 4 and 6 rows cost about 31, 39 and 44 ms, against 31, 48 and
-86 ms for `torch._weight_int8pack_mm`, whose 4-row blocks re-read the weights.
+window of 6 gets the logits it gets alone. Up to 12 rows it streams the int8 weights once per 6 rows, so on
+Gemma 3's 262,144 x 640 output layer (1 thread, AVX2) 1, 4 and 6 rows cost about 31, 39 and 44 ms, against
+31, 48 and 86 ms for `torch._weight_int8pack_mm`, whose 4-row blocks re-read the weights. Past 12 rows
+(prompts, batches) it widens a block of weight rows to float once into cache and runs every row against it;
+the widening is exact, so the result is the same bit for bit.
 
 The extension compiles once with torch's `cpp_extension` (g++ and ninja; about 40 s) into torch's extension
 cache. Without a compiler or without AVX2/FMA, `available()` is False and `Int8Linear` uses
@@ -28,6 +30,8 @@ log = logging.getLogger(__name__)
 SOURCE = r"""
 #include <torch/extension.h>
 #include <immintrin.h>
+#include <algorithm>
+#include <vector>
 
 static inline float hsum(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
@@ -43,17 +47,21 @@ static inline __m256 widen(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
 }
 
+struct Int8Rows { static inline __m256 load(const int8_t* p) { return widen(p); } };
+struct FloatRows { static inline __m256 load(const float* p) { return _mm256_loadu_ps(p); } };
+
 // MB activation rows against NB weight rows at a time. Each output (m, n) has one accumulator fed k = 0, 8, 16, ...
-// in order and one fixed horizontal sum, whatever MB and NB are: blocking changes speed, never the result.
-template <int MB, int NB>
-static void block(const float* x, const int8_t* w, const float* scales, float* out, int64_t n0, int64_t n1, int64_t K, int64_t ldo) {
+// in order and one fixed horizontal sum, whatever MB and NB are: blocking changes speed, never the result. The
+// weights are int8 rows, or the same rows already widened to float (exactly: int8 -> float32 is lossless).
+template <int MB, int NB, typename T, typename Load>
+static void block(const float* x, const T* w, const float* scales, float* out, int64_t n0, int64_t n1, int64_t K, int64_t ldo) {
   int64_t n = n0;
   for (; n + NB <= n1; n += NB) {
     __m256 acc[MB][NB];
     for (int m = 0; m < MB; ++m) for (int j = 0; j < NB; ++j) acc[m][j] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k += 8) {
       __m256 wv[NB];
-      for (int j = 0; j < NB; ++j) wv[j] = widen(w + (n + j) * K + k);
+      for (int j = 0; j < NB; ++j) wv[j] = Load::load(w + (n + j) * K + k);
       for (int m = 0; m < MB; ++m) {
         __m256 xv = _mm256_loadu_ps(x + m * K + k);
         for (int j = 0; j < NB; ++j) acc[m][j] = _mm256_fmadd_ps(xv, wv[j], acc[m][j]);
@@ -61,11 +69,26 @@ static void block(const float* x, const int8_t* w, const float* scales, float* o
     }
     for (int m = 0; m < MB; ++m) for (int j = 0; j < NB; ++j) out[m * ldo + n + j] = hsum(acc[m][j]) * scales[n + j];
   }
-  if (NB > 1 && n < n1) block<MB, 1>(x, w, scales, out, n, n1, K, ldo);
+  if (NB > 1 && n < n1) block<MB, 1, T, Load>(x, w, scales, out, n, n1, K, ldo);
 }
 
-template <int MB, int NB>
-static void rows(const float* x, const int8_t* w, const float* s, float* o, int64_t N, int64_t K) { block<MB, NB>(x, w, s, o, 0, N, K, N); }
+// All M rows (6 per group, then the rest) against weight rows n0..n1 of w.
+template <typename T, typename Load>
+static void all_rows(const float* x, const T* w, const float* s, float* o, int64_t M, int64_t n0, int64_t n1,
+                     int64_t K, int64_t ldo) {
+  int64_t m = 0;
+  for (; m + 6 < M; m += 6) block<6, 2, T, Load>(x + m * K, w, s, o + m * ldo, n0, n1, K, ldo);
+  const float* xr = x + m * K; float* orow = o + m * ldo;
+  switch (M - m) {
+    case 1: block<1, 6, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
+    case 2: block<2, 4, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
+    case 3: block<3, 3, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
+    case 4: block<4, 2, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
+    case 5: block<5, 2, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
+    case 6: block<6, 2, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
+    default: break;
+  }
+}
 
 torch::Tensor int8_rows_mm(torch::Tensor x, torch::Tensor w, torch::Tensor scales) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && w.dtype() == torch::kInt8 && scales.dtype() == torch::kFloat32);
@@ -75,17 +98,17 @@ torch::Tensor int8_rows_mm(torch::Tensor x, torch::Tensor w, torch::Tensor scale
   auto out = torch::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>(); const int8_t* wp = w.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>(); float* op = out.data_ptr<float>();
-  int64_t m = 0;
-  for (; m + 6 < M; m += 6) rows<6, 2>(xp + m * K, wp, sp, op + m * N, N, K);  // 6 rows per pass over the weights
-  const float* xr = xp + m * K; float* orow = op + m * N;
-  switch (M - m) {
-    case 1: rows<1, 6>(xr, wp, sp, orow, N, K); break;
-    case 2: rows<2, 4>(xr, wp, sp, orow, N, K); break;
-    case 3: rows<3, 3>(xr, wp, sp, orow, N, K); break;
-    case 4: rows<4, 2>(xr, wp, sp, orow, N, K); break;
-    case 5: rows<5, 2>(xr, wp, sp, orow, N, K); break;
-    case 6: rows<6, 2>(xr, wp, sp, orow, N, K); break;
-    default: break;
+  if (M <= 12) {  // decoding and verification windows: stream the int8 weights once per 6 rows
+    all_rows<int8_t, Int8Rows>(xp, wp, sp, op, M, 0, N, K, N);
+  } else {  // prompts and batches: widen a block of weight rows into cache once, then run every row against it
+    const int64_t rows_per_block = std::max<int64_t>(6, 98304 / (K * 4));
+    std::vector<float> widened(rows_per_block * K);
+    for (int64_t n0 = 0; n0 < N; n0 += rows_per_block) {
+      const int64_t count = std::min(rows_per_block, N - n0);
+      for (int64_t i = 0; i < count; ++i)
+        for (int64_t k = 0; k < K; k += 8) _mm256_storeu_ps(widened.data() + i * K + k, widen(wp + (n0 + i) * K + k));
+      all_rows<float, FloatRows>(xp, widened.data(), sp + n0, op + n0, M, 0, count, K, N);
+    }
   }
   return out;
 }
@@ -105,13 +128,20 @@ def _cpu_supported() -> bool:
     return " avx2" in flags and " fma" in flags
 
 
+def buildable() -> bool:
+    """An x86-64 CPU with AVX2 and FMA, a C++ compiler and ninja: where the kernel must build."""
+    import shutil
+
+    return _cpu_supported() and shutil.which("c++") is not None and shutil.which("ninja") is not None
+
+
 def load():
     """The compiled module, or None where it cannot be built (then callers fall back)."""
     global _module, _tried
     if _tried:
         return _module
     _tried = True
-    if os.environ.get("SPECGEN_INT8_KERNEL", "auto") == "off" or not _cpu_supported():
+    if os.environ.get("SPECGEN_INT8_KERNEL", "auto") == "off" or not buildable():
         return None
     try:
         from torch.utils.cpp_extension import load_inline
