@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -156,8 +157,11 @@ class TextModels(LazyGenerator):
     def __init__(self, generator=None, *, model: str | None = None, draft: str | None = None,
                  threads: int | None = 1, online_draft: int | None = None):
         def load():
-            from specgen.modalities.text.generator import TextGenerator
+            from specgen.modalities.text import gemma
+            from specgen.modalities.text.generator import TextGenerator, default_models
 
+            if (model or default_models()[0]) == gemma.ALIAS:  # a first use converts it: show the stages
+                gemma.resolve(log=self._converting)
             loaded = TextGenerator(model, draft, threads=threads)
             if online_draft is not None:  # online speculative decoding across every request the demo serves
                 loaded.learn_online(interval=online_draft)
@@ -166,6 +170,11 @@ class TextModels(LazyGenerator):
         super().__init__(load, "text models", generator)
         self._model, self._draft, self.online_draft = model, draft, online_draft
         self.default_target = generator is None and model is None  # the header says why this target
+        self.conversion: str | None = None  # the latest conversion line while Gemma is converted on first use
+
+    def _converting(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+        self.conversion = message
 
     def paths(self) -> tuple[str, str | None]:
         if self._generator is not None:
@@ -176,6 +185,17 @@ class TextModels(LazyGenerator):
         return self._model or target, self._draft or (draft if self._model is None else None)
 
 
+def conversion_progress(line: str) -> str:
+    """A conversion line ("[2/4] reading the tokenizer ...") as a text progress bar with its stage."""
+    import re
+
+    found = re.match(r"\[(\d+)/(\d+)\]\s*(.*)", line)
+    if not found:
+        return "first-time conversion of Gemma 3 270M (about 1-2 minutes)" if line.startswith("Converting") else line
+    done, total, what = int(found[1]) - 1, int(found[2]), found[3]
+    return f"first-time conversion `{'█' * done}{'░' * (total - done)}` step {done + 1} of {total}: {what}"
+
+
 def header_markdown(text_models: TextModels, image_models=None, speech_models=None, video_models=None) -> str:
     try:
         target, draft = text_models.paths()
@@ -183,6 +203,9 @@ def header_markdown(text_models: TextModels, image_models=None, speech_models=No
         target, draft = f"(unknown: {exc})", None
     state = ("loaded" if text_models.loaded else
              f"not loaded: {text_models.error}" if text_models.error else "loads on the first request")
+    conversion = getattr(text_models, "conversion", None)
+    if conversion and not text_models.loaded and not text_models.error:
+        state = f"loading — {conversion_progress(conversion)}"
     draft_text = f"draft `{draft}`" if draft else "no draft model (methods `ar` and `ngram`)"
     if getattr(text_models, "default_target", False):
         from specgen.modalities.text import gemma
@@ -477,6 +500,15 @@ def build_demo(text_generator=None, *, model: str | None = None, draft: str | No
         stop.click(None, None, None, cancels=[run_event], api_name=False)
         demo.load(lambda: header_markdown(text_models, image_models, speech_models, video_models), None, header, queue=False,
                   api_name=False)
+        # while models load (Gemma's first-time conversion takes minutes), the header follows every 2 s
+        refresh = gr.Timer(2.0)
+
+        def follow_loading():
+            holders = [m for m in (text_models, image_models, speech_models, video_models) if m is not None]
+            loading = any(getattr(m, "loading", False) for m in holders)
+            return header_markdown(text_models, image_models, speech_models, video_models), gr.Timer(active=loading)
+
+        refresh.tick(follow_loading, None, [header, refresh], queue=False, api_name=False)
     demo.queue(max_size=64)
     return demo
 

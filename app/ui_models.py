@@ -18,6 +18,7 @@ class LazyGenerator:
         self._load, self.what, self._generator = load, what, generator
         self._lock = threading.Lock()
         self.error: str | None = None
+        self.loading = False  # True while a load runs (the demo's header then refreshes itself)
 
     @property
     def loaded(self) -> bool:
@@ -31,11 +32,14 @@ class LazyGenerator:
         with self._lock:
             if self._generator is None:
                 started = time.perf_counter()
+                self.loading = True
                 try:
                     self._generator = self._load()
                 except SpecgenError as exc:
                     self.error = str(exc)
                     raise
+                finally:
+                    self.loading = False
                 self.error = None
                 log.info("%s loaded in %.1f s", self.what, time.perf_counter() - started)
             return self._generator

