@@ -4,7 +4,9 @@ and the whole loop on a tiny random model: greedy equality and a chi-square test
 
 import pytest
 import torch
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import tiny_models
 
 from specgen.modalities.model_drafter import ModelDrafter
 from specgen.modalities.transformers_adapter import TransformersTarget
@@ -27,11 +29,7 @@ def tiny_llama(seed=0, vocab=VOCAB, layers=2, hidden=32):
 
 
 def tiny_gemma3(seed=0):
-    torch.manual_seed(seed)
-    config = Gemma3TextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                              num_attention_heads=4, num_key_value_heads=1, head_dim=8, max_position_embeddings=128,
-                              sliding_window=8, layer_types=["sliding_attention", "sliding_attention", "full_attention"])
-    return Gemma3ForCausalLM(config).double().eval()
+    return tiny_models.tiny_gemma3(seed, vocab=VOCAB, hidden=32, head_dim=8, dtype=torch.float64)
 
 
 def full_logits(model, tokens):
