@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen.modalities.int8_linear import Int8Linear
+from specgen.modalities.llama_runner import rotate_half
 
 SUPPORTED = ("gemma3_text",)
 
@@ -77,7 +78,7 @@ class GemmaRunner:
             k = _rms_norm(k.view(rows, n, self.kv_heads, self.head_dim), *layer["k_norm"]).transpose(1, 2)
             v = v.view(rows, n, self.kv_heads, self.head_dim).transpose(1, 2)  # [rows, kv_heads, n, head_dim]
             cos, sin = (t[:, None] for t in rotary[layer["type"]])
-            q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
             keys, values = cache.update(k, v, index)  # [rows, kv_heads, width, head_dim]
             attended = self._attend(q, keys, values, visible[layer["type"]], layer["scaling"])
             hidden = hidden + _rms_norm(layer["out"](attended), *layer["norm_post_attn"])
@@ -131,8 +132,3 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     x32 = x.float()
     normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return (normed * (1.0 + weight.float())).type_as(x)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -88,13 +88,18 @@ class Int8Embedding(nn.Module):
         return rows * torch.tensor(self.scale, dtype=self.dtype)
 
 
+def replace_linears(model: nn.Module, build) -> None:
+    """Swap each nn.Linear of `model` for `build(qualified name, linear)`, in place."""
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(module, child_name, build(f"{name}.{child_name}" if name else child_name, child))
+
+
 def quantize_model(model: nn.Module) -> nn.Module:
     """Replace every bias-free nn.Linear of `model` by an Int8Linear, in place; with tied input and output
     embeddings the input embedding reads the int8 output layer. Returns the model."""
-    for name, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear) and child.bias is None:
-                setattr(module, child_name, Int8Linear.from_linear(child))
+    replace_linears(model, lambda name, linear: linear if linear.bias is not None else Int8Linear.from_linear(linear))
     tie_input_embedding(model)
     return model
 

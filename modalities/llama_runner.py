@@ -66,7 +66,7 @@ class LlamaRunner:
             q = q.view(rows, n, self.heads, self.head_dim).transpose(1, 2)  # (B, nh, n, hd)
             k = k.view(rows, n, self.kv_heads, self.head_dim).transpose(1, 2)
             v = v.view(rows, n, self.kv_heads, self.head_dim).transpose(1, 2)
-            q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
             keys, values = cache.update(k, v, index)  # (B, nkv, width, hd)
             attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=attention_mask,
                                                       scale=layer["scaling"], enable_gqa=self.heads != self.kv_heads)
@@ -84,6 +84,6 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * normed.to(x.dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -65,7 +65,7 @@ def is_served(path: str | Path) -> bool:
     return (Path(path) / SERVED_MARKER).exists()
 
 
-def resolve(path: str | None = None, log=None) -> Path:
+def resolve(log=None) -> Path:
     """The served folder for the alias `gemma`, converting on first use; `log(message)` receives the
     conversion's progress lines (default: stderr)."""
     folder = served_dir()
@@ -121,9 +121,8 @@ def save_served(model, tokenizer, folder: Path, source: dict | None = None) -> P
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = model.config
-    for key in ("quantization_config",):  # GGUF loading records one; the served folder is not GGUF any more
-        if hasattr(config, key):
-            delattr(config, key)
+    if hasattr(config, "quantization_config"):  # GGUF loading records one; the served folder is not GGUF any more
+        delattr(config, "quantization_config")
     model.hf_quantizer = None
     quantize_model(model)
     tensors = {}
@@ -145,22 +144,18 @@ def load_served(folder: str | Path):
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from specgen.modalities.int8_linear import Int8Linear, tie_input_embedding
+    from specgen.modalities.int8_linear import Int8Linear, replace_linears, tie_input_embedding
 
     folder = Path(folder)
-    marker = json.loads((folder / SERVED_MARKER).read_text())
-    if marker.get("format") != SERVED_FORMAT:
-        raise ModelNotFound(f"{folder} holds served weights in format {marker.get('format')!r}; this version reads "
+    if _format(folder) != SERVED_FORMAT:
+        raise ModelNotFound(f"{folder} holds served weights in format {_format(folder)!r}; this version reads "
                             f"{SERVED_FORMAT!r} (delete the folder to convert again)")
     config = AutoConfig.from_pretrained(folder, local_files_only=True)
     tensors = load_file(str(folder / "served.safetensors"))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    for name, module in list(model.named_modules()):  # linear layers from their packed rows
-        for child_name, child in list(module.named_children()):
-            key = f"{name}.{child_name}" if name else child_name
-            if isinstance(child, torch.nn.Linear):
-                setattr(module, child_name, Int8Linear(tensors.pop(f"{key}.qweight"), tensors.pop(f"{key}.scales")))
+    replace_linears(model, lambda name, linear: Int8Linear(tensors.pop(f"{name}.qweight"),
+                                                           tensors.pop(f"{name}.scales")))  # from packed rows
     tie_input_embedding(model)
     model.load_state_dict(tensors, strict=False, assign=True)  # the norms
     body = model.model
