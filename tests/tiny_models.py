@@ -58,6 +58,25 @@ def save_tiny_gemma_served(folder, seed=0) -> str:
     return str(folder)
 
 
+def score_tree(model, prompt):
+    """Score a 7-node draft tree after `prompt` (node 0 is the pending last prompt token; node 4 is not adjacent
+    to its parent 1). Returns (target, tree, logits [1, 7, vocab], contexts), contexts[node] being the prompt
+    followed by the drafted tokens on the node's path: what plain decoding would have seen."""
+    from specgen.modalities.transformers_adapter import TransformersTarget
+    from specgen.samplers.types import DraftTree
+
+    #        0  1  2  3  4  5  6
+    parents = [-1, 0, 0, 1, 1, 2, 3]
+    tokens = [int(prompt[-1]), 5, 7, 9, 11, 13, 15]
+    tree = DraftTree.from_parents(tokens, parents)
+    target = TransformersTarget(model)
+    target.prefill([prompt])
+    logits = target.score(tree.tokens, len(prompt) - 1 + tree.depths, torch.tensor([0]), tree.ancestor_mask)
+    contexts = [prompt.tolist() + [tokens[i] for i in tree.ancestor_mask[0, node].nonzero().flatten().tolist()[1:]]
+                for node in range(len(tokens))]
+    return target, tree, logits, contexts
+
+
 def save_tiny_pair(root, wide=False) -> tuple[str, str]:
     return save_tiny(root / "target", 0, wide=wide), save_tiny(root / "draft", 1, layers=1, hidden=16, wide=wide)
 

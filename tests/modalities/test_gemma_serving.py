@@ -19,8 +19,7 @@ from specgen.samplers.acceptance import GreedyMatch
 from specgen.samplers.loop import generate
 from specgen.samplers.policies import FixedLength
 from specgen.samplers.processing import Processing
-from specgen.samplers.types import DraftTree
-from tiny_models import save_tiny_gemma_served, tiny_gemma3
+from tiny_models import save_tiny_gemma_served, score_tree, tiny_gemma3
 
 ROW = torch.tensor([0])
 
@@ -86,15 +85,9 @@ def test_tree_nodes_and_ragged_rows_score_bitwise_as_alone():
     model = quantize_model(tiny_gemma3(1))
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (14,), generator=torch.Generator().manual_seed(2))
-    parents = [-1, 0, 0, 1, 1, 2, 3]
-    tokens = [int(prompt[-1]), 5, 7, 9, 11, 13, 15]
-    tree = DraftTree.from_parents(tokens, parents)
-    target = TransformersTarget(model)
-    target.prefill([prompt])
-    logits = target.score(tree.tokens, len(prompt) - 1 + tree.depths, ROW, tree.ancestor_mask)
-    for node in range(len(tokens)):
-        path = tree.ancestor_mask[0, node].nonzero().flatten().tolist()[1:]
-        sequence = torch.tensor(prompt.tolist() + [tokens[i] for i in path] + [0])
+    _, _, logits, contexts = score_tree(model, prompt)
+    for node, context in enumerate(contexts):
+        sequence = torch.tensor(context + [0])
         assert torch.equal(logits[0, node], plain_logits(model, sequence, len(sequence) - 2)[0]), node
     # a ragged batch: each row equals that row run alone
     prompts = [prompt[:5], prompt, prompt[:9]]

@@ -16,7 +16,6 @@ from specgen.samplers.loop import generate
 from specgen.samplers.oracle import target_joint
 from specgen.samplers.policies import FixedLength
 from specgen.samplers.processing import Processing
-from specgen.samplers.types import DraftTree
 
 VOCAB = 48
 
@@ -62,17 +61,8 @@ def test_rollback_and_continue_equals_a_fresh_forward(make, fast):
 def test_tree_scoring_and_compaction(make):
     model = make()
     prompt = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(2))
-    #        0  1  2  3  4  5  6      node 0 = the pending last prompt token
-    parents = [-1, 0, 0, 1, 1, 2, 3]
-    tokens = [int(prompt[-1]), 5, 7, 9, 11, 13, 15]
-    tree = DraftTree.from_parents(tokens, parents)
-    target = TransformersTarget(model)
-    target.prefill([prompt])
-    start = len(prompt) - 1
-    logits = target.score(tree.tokens, start + tree.depths, torch.tensor([0]), tree.ancestor_mask)
-    for node in range(len(tokens)):
-        path = tree.ancestor_mask[0, node].nonzero().flatten().tolist()[1:]
-        context = prompt.tolist() + [tokens[i] for i in path]
+    target, tree, logits, contexts = tiny_models.score_tree(model, prompt)
+    for node, context in enumerate(contexts):
         assert torch.allclose(logits[0, node], full_logits(model, context)[-1], atol=1e-10)
     accepted_path = torch.tensor([[0, 1, 4]])  # keep root -> 1 -> 4 (node 4 is not adjacent to node 1)
     target.commit(tree.kept_slots(accepted_path), torch.tensor([0]))
