@@ -162,14 +162,21 @@ class Runner:
         self.eos = tokenizer.eos_token_id
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
         self.bos = tokenizer.bos_token_id
+        self._assistant = None
         self._assistant_config = None  # the draft's own generation config, restored for the default setting
 
     @property
     def draft(self):
-        model = self.generator.draft_model
-        if self._assistant_config is None:
+        """The draft as Hugging Face's assistant: a reduced-vocabulary draft through its full-vocabulary view."""
+        if self._assistant is None:
+            model, vocab_ids = self.generator.draft_model, self.generator.draft_vocab_ids
+            if vocab_ids is not None:
+                from specgen.modalities.text.full_vocab import full_vocab_view
+
+                model = full_vocab_view(model, vocab_ids, self.model.config.vocab_size)
+            self._assistant = model
             self._assistant_config = copy.deepcopy(model.generation_config)
-        return model
+        return self._assistant
 
     def run(self, variant: Variant, prompt: Prompt, ids: torch.Tensor, max_new_tokens: int) -> Outcome:
         if variant.ours:

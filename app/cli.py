@@ -433,6 +433,9 @@ def _distill_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference", metavar="DIR", help="AdaSPEC's reference draft (a forward-KL distilled draft)")
     p.add_argument("--vocab-size", type=_int_at_least(4), metavar="N",
                    help="reduced draft vocabulary: the N most frequent tokens of target samples")
+    p.add_argument("--vocab-from", choices=("samples", "corpus+samples"), default="samples",
+                   help="count the reduced vocabulary's frequencies in the target samples' continuations, or in the "
+                        "training corpus and them (default: samples)")
     p.add_argument("--batch-size", type=_int_at_least(1), default=16, help="windows per step (default: 16)")
     p.add_argument("--windows", type=_int_at_least(1), default=1024, help="fixed data set size (default: 1024)")
     p.add_argument("--prompt-len", type=_int_at_least(1), default=32, help="default: 32")
@@ -440,6 +443,11 @@ def _distill_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=_finite_float, default=1e-3, help="peak learning rate (default: 1e-3)")
     p.add_argument("--top-k", type=_int_at_least(1), default=64, help="teacher log-probs kept per position")
     p.add_argument("--temperature", type=_finite_float, default=1.0, help="decoding temperature (default: 1)")
+    p.add_argument("--sample-temperature", type=_finite_float, metavar="T",
+                   help="draw the target's samples at T instead (0: greedy continuations, for a draft serving greedy "
+                        "decoding); the teacher is then kept while sampling")
+    p.add_argument("--samples-only", action="store_true",
+                   help="only generate the target's samples (resumable) and print their size and throughput")
     p.add_argument("--data-seed", type=_int_at_least(0, MAX_SEED), default=0, help="which windows (default: 0)")
     p.add_argument("--eval-windows", type=_int_at_least(1), default=128, help="held-out windows (default: 128)")
     p.add_argument("--cache-dir", metavar="DIR", help="data and teacher caches (default: $SPECGEN_HOME/distill)")
@@ -451,10 +459,17 @@ def _train_draft(args: argparse.Namespace) -> int:
     cfg = DistillConfig(
         out=str(args.out or Path("runs") / "distill"), target=args.target, init=args.init, loss=args.loss,
         beta=args.beta, data=args.data, mix_fraction=args.mix_fraction, adaspec=args.adaspec,
-        reference=args.reference, vocab_size=args.vocab_size, steps=args.steps or 300, batch_size=args.batch_size,
-        prompt_len=args.prompt_len, new_tokens=args.new_tokens, windows=args.windows, lr=args.lr, top_k=args.top_k,
-        temperature=args.temperature, seed=args.seed, data_seed=args.data_seed, threads=args.threads,
-        max_files=args.max_files, eval_windows=args.eval_windows, cache_dir=args.cache_dir)
+        reference=args.reference, vocab_size=args.vocab_size, vocab_from=args.vocab_from,
+        steps=args.steps or 300, batch_size=args.batch_size, prompt_len=args.prompt_len,
+        new_tokens=args.new_tokens, windows=args.windows, lr=args.lr, top_k=args.top_k,
+        temperature=args.temperature, sample_temperature=args.sample_temperature, seed=args.seed,
+        data_seed=args.data_seed, threads=args.threads, max_files=args.max_files, eval_windows=args.eval_windows,
+        cache_dir=args.cache_dir)
+    if args.samples_only:
+        from specgen.modalities.text.distill.trainer import prepare_samples
+
+        print(json.dumps(prepare_samples(cfg)))
+        return 0
     summary = train_draft(cfg)
     print(json.dumps({k: summary.get(k) for k in ("steps", "params", "final_loss", "heldout", "coverage", "wall_s")}))
     return 0

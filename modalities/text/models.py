@@ -52,18 +52,29 @@ def load_tokenizer(path: str | Path):
                                    clean_up_tokenization_spaces=False, model_max_length=1024)
 
 
-def model_config(role: str, tokenizer):
+def model_config(role: str, tokenizer, **overrides):
+    """The role's LlamaConfig for `tokenizer`; `overrides` replace its fields (e.g. a wider draft)."""
     from transformers import LlamaConfig
 
     if role not in ARCHITECTURES:
         raise ValueError(f"role must be one of {sorted(ARCHITECTURES)}, not {role!r}")
-    return LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=1024, rms_norm_eps=1e-5,
+    fields = {"max_position_embeddings": 1024, **ARCHITECTURES[role], **overrides}
+    return LlamaConfig(vocab_size=len(tokenizer), rms_norm_eps=1e-5,
                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                       pad_token_id=tokenizer.pad_token_id, **ARCHITECTURES[role])
+                       pad_token_id=tokenizer.pad_token_id, **fields)
 
 
-def build_model(role: str, tokenizer):
+def draft_shape(width: int, layers: int, context: int = 1024) -> dict:
+    """LlamaConfig fields of a tied-embedding draft `width` wide and `layers` deep (heads of 64, MLP 3x)."""
+    if width < 64 or width % 64 or layers < 1:
+        raise ValueError(f"a draft shape needs a width that is a multiple of 64 and >= 1 layer, got {width}x{layers}")
+    heads = width // 64
+    return dict(hidden_size=width, intermediate_size=3 * width, num_hidden_layers=layers, num_attention_heads=heads,
+                num_key_value_heads=heads, tie_word_embeddings=True, max_position_embeddings=context)
+
+
+def build_model(role: str, tokenizer, **overrides):
     from transformers import LlamaForCausalLM
 
-    return LlamaForCausalLM(model_config(role, tokenizer))
+    return LlamaForCausalLM(model_config(role, tokenizer, **overrides))

@@ -226,3 +226,29 @@ def test_a_divergence_reports_its_index_and_the_target_margin(pair):
     assert hf_item["divergence_margin"] > bench_text.TIE_MARGIN  # a real flip of the argmax: flagged as a bug
     methods = bench_text.summarise(items, variants, pooled)
     assert methods["hf"]["identical_to_ar"] is False and methods["hf"]["divergence_above_tie_margin"]
+
+
+def test_hugging_face_assists_with_a_reduced_vocabulary_draft_through_its_full_vocabulary_view(pair, tmp_path):
+    """The view reads target ids and returns the draft's logits on its vocabulary and -inf elsewhere; assisted
+    generation with it equals plain greedy decoding."""
+    from transformers import AutoModelForCausalLM
+
+    from specgen.modalities.text.distill.teacher import shrink_vocab
+    from specgen.modalities.text.full_vocab import full_vocab_view
+
+    target = AutoModelForCausalLM.from_pretrained(pair[0]).eval()
+    full = AutoModelForCausalLM.from_pretrained(pair[1]).eval()
+    vocab_ids = torch.arange(0, full.config.vocab_size, 2)  # every other token
+    small = shrink_vocab(AutoModelForCausalLM.from_pretrained(pair[1]).eval(), vocab_ids)
+    view = full_vocab_view(small, vocab_ids, target.config.vocab_size)
+    ids = vocab_ids[torch.tensor([[1, 5, 3, 8, 2]])]
+    with torch.no_grad():
+        logits = view(input_ids=ids).logits
+        torch.testing.assert_close(logits[..., vocab_ids], full(input_ids=ids).logits[..., vocab_ids])
+    outside = torch.ones(target.config.vocab_size, dtype=torch.bool)
+    outside[vocab_ids] = False
+    assert torch.isneginf(logits[..., outside]).all() and small.config.vocab_size == len(vocab_ids) + 1
+    prompt = torch.tensor([[1, 7, 9, 7, 9, 7]])
+    plain = target.generate(prompt, max_new_tokens=16, do_sample=False)
+    assisted = target.generate(prompt, max_new_tokens=16, do_sample=False, assistant_model=view)
+    assert torch.equal(plain, assisted)

@@ -105,6 +105,59 @@ def test_shrunk_draft_scores_its_vocabulary_exactly_as_before(tmp_path):
     assert small.config.vocab_size == len(vocab_ids) + 1
 
 
+def test_restricted_top_k_cache_is_exact_when_k_covers_the_vocabulary_and_bounded_otherwise():
+    """restrict_cache on a full-vocabulary top-k teacher: with k = vocabulary it equals the exactly restricted
+    teacher; with a smaller k the kept entries never exceed their exact restricted probability."""
+    from specgen.modalities.text.distill.teacher import TeacherCache, restrict_cache
+
+    target_logits = _laws(seed=11, n=8, vocab=30)[0].float()
+    vocab_ids = torch.tensor([0, 3, 4, 7, 10, 12, 19, 25, 29])
+    exact_inside, log_coverage = restrict(target_logits, vocab_ids)
+    exact = exact_inside.log_softmax(-1)  # [8, 9] the target renormalised on the vocabulary
+    for k in (30, 6):
+        full = teacher_top_k(target_logits, k)
+        cache = TeacherCache(full.top_ids.numpy()[None].astype(np.int32), full.top_logp.numpy()[None].astype(np.float16),
+                             full.tail_logp.numpy()[None], np.ones((1, 8), np.float32))
+        small = restrict_cache(cache, vocab_ids)
+        ids, logp = torch.from_numpy(small.top_ids[0].astype(np.int64)), torch.from_numpy(small.top_logp[0]).float()
+        kept = torch.isfinite(logp)
+        assert (torch.isin(full.top_ids, vocab_ids) == kept).all()  # exactly the in-vocabulary entries survive
+        got, want = logp[kept], exact.gather(-1, ids)[kept]
+        if k == 30:
+            torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)  # float16 storage
+            torch.testing.assert_close(torch.from_numpy(small.coverage[0]), log_coverage.exp(), atol=2e-3, rtol=0)
+            assert np.isinf(small.tail_logp).all()
+        else:
+            assert (got <= want + 1e-2).all() and (got < want - 5e-2).any()  # the tail counted in: an upper bound
+            assert (torch.from_numpy(small.coverage[0]) <= log_coverage.exp() + 1e-3).all()
+
+
+def test_teacher_kept_while_sampling_equals_a_scoring_pass(tmp_path):
+    """Greedy samples with the teacher captured from the sampling logits: the same tokens as plain sampling and
+    the same top-k law a separate teacher-forced pass over the samples gives."""
+    from transformers import AutoModelForCausalLM
+
+    from specgen.modalities.text.distill.data import Windows, sample_continuations, target_windows
+    from specgen.modalities.text.distill.teacher import score_windows
+
+    target_path, _ = save_tiny_pair(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float64).eval()
+    prompts = Windows(torch.randint(3, model.config.vocab_size, (5, 6), generator=torch.Generator().manual_seed(0)).numpy(), 6)
+    windows, teacher = target_windows(model, prompts, 7, 0.0, seed=0, folder=tmp_path / "s", chunk=2, teacher_k=5)
+    plain = sample_continuations(model, torch.from_numpy(prompts.tokens), 7, 0.0, seed=0)
+    assert np.array_equal(windows.tokens, plain.numpy())
+    scored = score_windows(model, windows.tokens, 5)
+    cont = slice(5, None)  # the positions that predict continuation tokens
+    assert np.array_equal(teacher.top_ids[:, cont], scored.top_ids[:, cont].astype(np.int32))
+    np.testing.assert_allclose(teacher.top_logp[:, cont].astype(np.float32), scored.top_logp[:, cont].astype(np.float32),
+                               atol=2e-3)
+    np.testing.assert_allclose(teacher.tail_logp[:, cont], scored.tail_logp[:, cont], atol=1e-5)
+    record = json.loads((tmp_path / "s" / "samples.json").read_text())
+    assert record["windows"] == 5 and record["generated_tokens"] == 35 and record["tokens_per_s"] > 0
+    again, _ = target_windows(model, prompts, 7, 0.0, seed=0, folder=tmp_path / "s", chunk=2, teacher_k=5)
+    assert np.array_equal(again.tokens, windows.tokens)  # read back from the chunks
+
+
 # ---- the trainer on a tiny random pair over a few corpus files ---------------------------------------------------
 
 def _config(tmp_path, out, **overrides):
@@ -181,6 +234,54 @@ def test_reduced_vocabulary_draft_decodes_exactly(tmp_path):
     assert spec.tokens == plain and spec.stats["drafted"] > 0
     sampled = gen.generate("def f(x):", method="draft", max_new_tokens=24, temperature=1.0, seed=3)
     assert len(sampled.tokens) == 24
+
+
+def test_greedy_samples_train_a_reduced_draft_and_resume_exactly(tmp_path):
+    """--sample-temperature 0: greedy target samples, the teacher kept while sampling and restricted to a reduced
+    vocabulary counted in the corpus and the samples, held-out greedy samples; an interrupted run ends on the
+    same weights."""
+    from specgen.modalities.text.distill.trainer import prepare_samples, train_draft
+
+    quiet = lambda text: None  # noqa: E731
+    settings = dict(sample_temperature=0.0, vocab_size=14, vocab_from="corpus+samples", steps=4, init="scratch:64x1")
+    record = prepare_samples(_config(tmp_path, tmp_path / "unused", **settings), say=quiet)
+    assert record["windows"] == 12 and record["temperature"] == 0.0 and "--samples-only" in record["command"]
+    whole = train_draft(_config(tmp_path, tmp_path / "whole", **settings), say=quiet)
+    assert whole["steps"] == 4 and 0 < whole["coverage"]["train"] <= 1 and 0 < whole["heldout"]["alpha"] < 1
+    assert "--sample-temperature 0.0" in whole["command"] and "--vocab-from corpus+samples" in whole["command"]
+    vocab = json.loads((tmp_path / "whole" / "export" / "vocab_ids.json").read_text())
+    assert len(vocab) == len(set(vocab)) == 14
+    train_draft(_config(tmp_path, tmp_path / "cut", **settings), stop_after=2, say=quiet)
+    train_draft(_config(tmp_path, tmp_path / "cut", **settings), say=quiet)
+    a, b = _weights(tmp_path / "whole"), _weights(tmp_path / "cut")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(Exception, match="use --data target"):
+        train_draft(_config(tmp_path, tmp_path / "bad", sample_temperature=0.0, data="corpus"), say=quiet)
+    with pytest.raises(Exception, match="multiple of 64"):
+        train_draft(_config(tmp_path, tmp_path / "bad", init="scratch:100x2"), say=quiet)
+
+
+def test_a_scratch_draft_starts_from_the_targets_embedding_geometry(tmp_path):
+    """embed_from_target: the draft's embedding rows are the target's, centred and projected, so their pairwise
+    inner products follow the target's (up to the dropped directions and one scale)."""
+    from transformers import AutoModelForCausalLM
+
+    from specgen.modalities.text.distill.trainer import embed_from_target
+    from specgen.modalities.text.models import build_model, draft_shape
+    from specgen.modalities.text.generator import load_tokenizer
+
+    target_path, _ = save_tiny_pair(tmp_path)
+    target = AutoModelForCausalLM.from_pretrained(target_path).eval()
+    draft = build_model("draft", load_tokenizer(target_path), **draft_shape(64, 1))
+    vocab_ids = torch.arange(34)  # more tokens than the target has directions (32)
+    shrink_vocab(draft, vocab_ids)
+    embed_from_target(draft, target, vocab_ids)
+    rows = target.get_input_embeddings().weight[vocab_ids].detach()
+    rows = rows - rows.mean(0)
+    got = draft.get_input_embeddings().weight.detach()[:len(vocab_ids), :rows.shape[1]]
+    gram, want = got @ got.T, rows @ rows.T  # the target is 32 wide: all of its directions are kept
+    torch.testing.assert_close(gram / gram.abs().max(), want / want.abs().max(), atol=1e-4, rtol=0)
+    assert draft.get_input_embeddings().weight[-1, :32].abs().max() == 0  # <unk> at the centre
 
 
 def test_cli_two_steps_then_resumes_and_rejects_bad_settings(tmp_path, capsys):

@@ -19,7 +19,7 @@ from specgen.samplers.acceptance import GreedyMatch
 from specgen.samplers.loop import generate
 from specgen.samplers.policies import FixedLength
 from specgen.samplers.processing import Processing
-from tiny_models import save_tiny_gemma_served, score_tree, tiny_gemma3
+from tiny_models import save_tiny, save_tiny_gemma_served, score_tree, tiny_gemma3
 
 ROW = torch.tensor([0])
 
@@ -151,6 +151,29 @@ def test_gemma_without_the_extra_is_one_clear_error(tmp_path, monkeypatch, capsy
     assert default_models()[0].endswith("target")  # the shipped code model is the default without the extra
     monkeypatch.setattr(gemma, "extra_installed", lambda: True)
     assert default_models()[0] == "gemma"
+
+
+def test_gemma_derived_drafts_load_only_with_the_extra(tmp_path, monkeypatch, capsys):
+    """Anything under assets/gemma/ needs the gemma extra (the Gemma Terms apply); with the extra the shipped
+    draft is the default draft of the default target."""
+    from specgen.app.cli import main
+    from specgen.modalities.text.generator import TextGenerator, default_models
+
+    monkeypatch.setenv("SPECGEN_ASSETS", str(tmp_path / "assets"))
+    draft = tmp_path / "assets" / "gemma" / "draft"
+    save_tiny_gemma_served(tmp_path / "served", seed=6)
+    tiny_draft = save_tiny(draft, 1, layers=1, hidden=16)
+    capsys.readouterr()  # the savers' progress bars
+    monkeypatch.setattr(gemma, "extra_installed", lambda: False)
+    with pytest.raises(MissingExtra, match=r"derived from Gemma 3 270M.*specgen\[gemma\]"):
+        TextGenerator(str(tmp_path / "served"), tiny_draft).draft_model
+    assert main(["generate", "text", "--prompt", "hi", "--model", str(tmp_path / "served"), "--draft", tiny_draft,
+                 "--method", "draft"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and "gemma extra" in err[0]
+    gemma.require_extra_for(tmp_path / "elsewhere")  # other folders need nothing
+    monkeypatch.setattr(gemma, "extra_installed", lambda: True)
+    assert default_models() == (gemma.ALIAS, str(draft))
 
 
 @pytest.mark.skipif(os.environ.get("SPECGEN_GEMMA_TESTS") != "1" or not gemma.extra_installed(),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,17 +85,26 @@ def corpus_windows(stream: np.ndarray, count: int, prompt_len: int, new_tokens: 
 
 
 @torch.no_grad()
-def sample_continuations(model, prompts: torch.Tensor, new_tokens: int, temperature: float,
-                         seed: int) -> torch.Tensor:
+def sample_continuations(model, prompts: torch.Tensor, new_tokens: int, temperature: float, seed: int,
+                         teacher_k: int | None = None, teacher_temperature: float = 1.0):
     """[n, prompt_len + new_tokens]: `model` continues each prompt for exactly `new_tokens` tokens (ancestral
-    sampling at `temperature`, or greedy at 0; end-of-text does not stop it), reproducibly from `seed`."""
+    sampling at `temperature`, or greedy at 0; end-of-text does not stop it), reproducibly from `seed`.
+
+    With `teacher_k`, also returns the model's law before each continuation token at `teacher_temperature` as a
+    top-k TeacherTopK ([n * new_tokens] rows, row-major): the logits sampling computed anyway, so a teacher cache
+    of the samples costs no second pass over them."""
+    from specgen.modalities.text.distill.divergences import TeacherTopK, teacher_top_k
+
     was_training = model.training
     model.eval()
     generator = torch.Generator().manual_seed(seed)
-    cache, feed, out = None, prompts, []
+    cache, feed, out, teachers = None, prompts, [], []
     for _ in range(new_tokens):
-        result = model(input_ids=feed, cache=cache, use_cache=True)
+        # only the last position's logits are needed: on a 262,144-token vocabulary the prompt's would dominate
+        result = model(input_ids=feed, cache=cache, use_cache=True, logits_to_keep=1)
         cache, logits = result.cache, result.logits[:, -1].float()  # [n, vocab]
+        if teacher_k is not None:
+            teachers.append(teacher_top_k(logits, teacher_k, teacher_temperature))
         if temperature == 0:
             nxt = logits.argmax(-1)
         else:
@@ -102,30 +112,88 @@ def sample_continuations(model, prompts: torch.Tensor, new_tokens: int, temperat
         out.append(nxt)
         feed = nxt[:, None]
     model.train(was_training)
-    return torch.cat([prompts, torch.stack(out, 1)], 1)
+    tokens = torch.cat([prompts, torch.stack(out, 1)], 1)
+    if teacher_k is None:
+        return tokens
+    teacher = TeacherTopK(*(torch.stack([getattr(t, name) for t in teachers], 1).flatten(0, 1)
+                            for name in ("top_ids", "top_logp", "tail_logp")))  # [n * new_tokens, ...]
+    return tokens, teacher
 
 
 def target_windows(target, prompts: Windows, new_tokens: int, temperature: float, seed: int, folder: Path,
-                   chunk: int = 32) -> Windows:
+                   chunk: int = 32, teacher_k: int | None = None, teacher_temperature: float = 1.0):
     """The target's own continuations of `prompts`, generated chunk by chunk into `folder` (a killed run
-    resumes at the first missing chunk; each chunk is seeded by (seed, chunk index))."""
+    resumes at the first missing chunk; each chunk is seeded by (seed, chunk index)).
+
+    With `teacher_k`, every chunk also keeps the target's top-k law before each continuation token (captured
+    while sampling) and the seconds it took; returns (Windows, TeacherCache over all length - 1 input
+    positions, the prompt positions empty) and writes `samples.json` (size and generation throughput)."""
     import sys
 
     from tqdm import tqdm
 
     folder.mkdir(parents=True, exist_ok=True)
     heads = torch.from_numpy(prompts.tokens[:, :prompts.prompt_len])
-    parts = []
+    parts, teachers, wall_s = [], [], 0.0
     starts = range(0, len(heads), chunk)
     for index, start in enumerate(tqdm(starts, desc="target samples", unit="chunk", file=sys.stderr,
                                        disable=len(starts) < 4, dynamic_ncols=True)):
-        path = folder / f"chunk-{index:05d}.npy"
+        if teacher_k is None:
+            path = folder / f"chunk-{index:05d}.npy"
+            if not path.exists():
+                rows = sample_continuations(target, heads[start:start + chunk], new_tokens, temperature,
+                                            seed=seed * 100_003 + index)
+                _save_atomic(path, rows.numpy())
+            parts.append(np.load(path))
+            continue
+        path = folder / f"chunk-{index:05d}-k{teacher_k}.npz"
         if not path.exists():
-            rows = sample_continuations(target, heads[start:start + chunk], new_tokens, temperature,
-                                        seed=seed * 100_003 + index)
-            _save_atomic(path, rows.numpy())
-        parts.append(np.load(path))
-    return Windows(np.concatenate(parts).astype(np.int64), prompts.prompt_len)
+            began = time.perf_counter()
+            rows, teacher = sample_continuations(target, heads[start:start + chunk], new_tokens, temperature,
+                                                 seed=seed * 100_003 + index, teacher_k=teacher_k,
+                                                 teacher_temperature=teacher_temperature)
+            _save_chunk(path, rows, teacher, new_tokens, time.perf_counter() - began)
+        with np.load(path) as blob:
+            parts.append(blob["tokens"])
+            teachers.append({name: blob[name] for name in ("top_ids", "top_logp", "tail_logp")})
+            wall_s += float(blob["wall_s"])
+    windows = Windows(np.concatenate(parts).astype(np.int64), prompts.prompt_len)
+    if teacher_k is None:
+        return windows
+    teacher = _padded_teacher(teachers, prompts.prompt_len)
+    tokens = windows.tokens.shape[0] * new_tokens
+    summary = {"windows": int(windows.tokens.shape[0]), "prompt_len": prompts.prompt_len, "new_tokens": new_tokens,
+               "temperature": temperature, "teacher_temperature": teacher_temperature, "teacher_k": teacher_k,
+               "generated_tokens": tokens, "bytes": sum(p.stat().st_size for p in folder.glob("chunk-*.npz")),
+               "generation_s": round(wall_s, 1), "tokens_per_s": round(tokens / wall_s, 1) if wall_s else None,
+               "threads": torch.get_num_threads()}
+    (folder / "samples.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return windows, teacher
+
+
+def _save_chunk(path: Path, rows: torch.Tensor, teacher, new_tokens: int, wall_s: float) -> None:
+    shape = (len(rows), new_tokens, -1)
+
+    def write(tmp):
+        with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to the tmp name
+            np.savez(f, tokens=rows.numpy().astype(np.int64), top_ids=teacher.top_ids.reshape(shape).numpy().astype(np.int32),
+                     top_logp=teacher.top_logp.reshape(shape).numpy().astype(np.float16),
+                     tail_logp=teacher.tail_logp.reshape(shape[:2]).numpy().astype(np.float32), wall_s=wall_s)
+
+    atomic_write(path, write)
+
+
+def _padded_teacher(chunks: list[dict], prompt_len: int):
+    """One TeacherCache over all input positions of the windows: the continuation positions from `chunks`,
+    the prompt positions (no loss there) empty."""
+    from specgen.modalities.text.distill.teacher import TeacherCache
+
+    top_ids, top_logp, tail = (np.concatenate([c[name] for c in chunks]) for name in ("top_ids", "top_logp",
+                                                                                       "tail_logp"))
+    pad = prompt_len - 1
+    return TeacherCache(np.pad(top_ids, ((0, 0), (pad, 0), (0, 0))), np.pad(top_logp, ((0, 0), (pad, 0), (0, 0))),
+                        np.pad(tail, ((0, 0), (pad, 0))),
+                        np.pad(np.ones(tail.shape, np.float32), ((0, 0), (pad, 0))))
 
 
 def _save_atomic(path: Path, array: np.ndarray) -> None:

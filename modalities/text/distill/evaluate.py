@@ -21,68 +21,92 @@ from specgen.modalities.text.distill.data import Windows, corpus_stream, corpus_
 @dataclass(frozen=True)
 class HeldOut:
     windows: Windows
-    target_logp: torch.Tensor  # [positions, vocab] float32 log-probabilities at the masked positions, in order
+    # [positions, vocab] float32 log-probabilities at the masked positions, in order; for a reduced draft only
+    # the columns of its vocabulary (`vocab_ids`), unnormalised, which is all α needs (the draft is 0 elsewhere)
+    # and keeps a 262,144-token target's held-out set small
+    target_logp: torch.Tensor
     temperature: float
+    target_argmax: torch.Tensor  # [positions] the target's greedy token (full vocabulary)
+    vocab_ids: torch.Tensor | None = None
+
+    def vocab_logp(self, vocab_ids: torch.Tensor) -> torch.Tensor:
+        """[positions, len(vocab_ids)] the target's log-probabilities on a reduced vocabulary."""
+        if self.vocab_ids is None:
+            return self.target_logp[:, vocab_ids]
+        if not torch.equal(torch.as_tensor(vocab_ids), self.vocab_ids):
+            raise ValueError("this held-out set was restricted to another vocabulary")
+        return self.target_logp
 
 
 _HELDOUT: dict[tuple, HeldOut] = {}  # per process: the cache folder is keyed by the target's weights
 
 
 def heldout_set(target, tokenizer, cache: Path, *, count: int = 128, prompt_len: int = 32, new_tokens: int = 64,
-                temperature: float = 1.0, seed: int = 1, max_files: int | None = None) -> HeldOut:
-    key = (str(cache), count, prompt_len, new_tokens, temperature, seed, max_files)
+                temperature: float = 1.0, seed: int = 1, max_files: int | None = None,
+                vocab_ids: torch.Tensor | None = None) -> HeldOut:
+    """Held-out target samples with the target's law at their continuation positions (kept only on `vocab_ids`
+    when given, so it fits in memory for large vocabularies)."""
+    vocab_key = None if vocab_ids is None else tuple(torch.as_tensor(vocab_ids).tolist())
+    key = (str(cache), count, prompt_len, new_tokens, temperature, seed, max_files, vocab_key)
     if key not in _HELDOUT:
-        _HELDOUT[key] = _heldout(target, tokenizer, cache, count, prompt_len, new_tokens, temperature, seed, max_files)
+        _HELDOUT[key] = _heldout(target, tokenizer, cache, count, prompt_len, new_tokens, temperature, seed, max_files,
+                                 vocab_ids)
     return _HELDOUT[key]
 
 
-def _heldout(target, tokenizer, cache, count, prompt_len, new_tokens, temperature, seed, max_files) -> HeldOut:
+def _heldout(target, tokenizer, cache, count, prompt_len, new_tokens, temperature, seed, max_files,
+             vocab_ids) -> HeldOut:
     stream = corpus_stream(tokenizer, "val", max_files, cache)
     prompts = corpus_windows(stream, count, prompt_len, new_tokens, seed)
     folder = cache / f"heldout-t{temperature:g}-n{count}-p{prompt_len}-c{new_tokens}-s{seed}"
     windows = target_windows(target, prompts, new_tokens, temperature, seed, folder)
-    logits = _masked_logits(target, torch.from_numpy(windows.tokens[:, :-1]), windows)
     scale = temperature if temperature > 0 else 1.0
-    return HeldOut(windows, torch.log_softmax(logits / scale, -1), temperature)
+    vocab_ids = None if vocab_ids is None else torch.as_tensor(vocab_ids, dtype=torch.long)
+    logp, argmax = [], []
+    for logits in _masked_logits(target, torch.from_numpy(windows.tokens[:, :-1]), windows):
+        full = torch.log_softmax(logits / scale, -1)
+        argmax.append(full.argmax(-1))
+        logp.append(full if vocab_ids is None else full[:, vocab_ids])
+    return HeldOut(windows, torch.cat(logp), temperature, torch.cat(argmax), vocab_ids)
 
 
 @torch.no_grad()
-def _masked_logits(model, inputs: torch.Tensor, windows: Windows, batch_size: int = 16) -> torch.Tensor:
-    """[positions, vocab] float32 logits at the windows' continuation positions, in order (masked batch by
-    batch, so the whole [n, length, vocab] block is never held)."""
+def _masked_logits(model, inputs: torch.Tensor, windows: Windows, batch_size: int = 16):
+    """[positions, vocab] float32 logits at the windows' continuation positions, batch by batch, in order (so
+    the whole [n, length, vocab] block is never held)."""
     mask = torch.from_numpy(windows.loss_mask)
-    return torch.cat([model(input_ids=inputs[i:i + batch_size]).logits.float()[mask[i:i + batch_size]]
-                      for i in range(0, len(inputs), batch_size)])
+    for i in range(0, len(inputs), batch_size):
+        yield model(input_ids=inputs[i:i + batch_size]).logits.float()[mask[i:i + batch_size]]
 
 
 @torch.no_grad()
 def teacher_forced(draft, heldout: HeldOut, vocab_ids: torch.Tensor | None = None, to_draft=None,
                    batch_size: int = 16) -> dict:
     """α, greedy agreement and KL(target ‖ draft) of `draft` on `heldout` (a reduced draft reads target ids
-    through `to_draft` and spreads its law back onto `vocab_ids`)."""
+    through `to_draft` and puts its law on `vocab_ids`, zero elsewhere)."""
     was_training = draft.training
     draft.eval()
     inputs = torch.from_numpy(heldout.windows.tokens[:, :-1])
     if to_draft is not None:
         inputs = to_draft[inputs]
-    logits = _masked_logits(draft, inputs, heldout.windows, batch_size)  # [positions, draft_vocab]
+    logits = torch.cat(list(_masked_logits(draft, inputs, heldout.windows, batch_size)))  # [positions, draft_vocab]
     draft.train(was_training)
     scale = heldout.temperature if heldout.temperature > 0 else 1.0
     if vocab_ids is None:
+        target_logp = heldout.target_logp
         draft_logp = torch.log_softmax(logits / scale, -1)
-    else:
-        inside = torch.log_softmax(logits[:, :len(vocab_ids)] / scale, -1)
-        draft_logp = torch.full_like(heldout.target_logp, float("-inf"))
-        draft_logp[:, vocab_ids] = inside
-    target_probs, draft_probs = heldout.target_logp.exp(), draft_logp.exp()
-    if vocab_ids is None:
-        fkl = float((target_probs * (heldout.target_logp - draft_logp)).sum(-1).mean())
+        draft_argmax = draft_logp.argmax(-1)
+        fkl = float((target_logp.exp() * (target_logp - draft_logp)).sum(-1).mean())
     else:  # KL(target || draft) is infinite outside the vocabulary: report it for the renormalised restriction
-        inside = torch.log_softmax(heldout.target_logp[:, vocab_ids], -1)
-        fkl = float((inside.exp() * (inside - draft_logp[:, vocab_ids])).sum(-1).mean())
-    return {"alpha": float(torch.minimum(target_probs, draft_probs).sum(-1).mean()),
-            "greedy_agreement": float((heldout.target_logp.argmax(-1) == draft_logp.argmax(-1)).float().mean()),
-            "fkl" if vocab_ids is None else "fkl_in_vocab": fkl, "positions": int(len(target_probs))}
+        vocab_ids = torch.as_tensor(vocab_ids, dtype=torch.long)
+        target_logp = heldout.vocab_logp(vocab_ids)
+        draft_logp = torch.log_softmax(logits[:, :len(vocab_ids)] / scale, -1)
+        draft_argmax = vocab_ids[draft_logp.argmax(-1)]
+        inside = torch.log_softmax(target_logp, -1)
+        fkl = float((inside.exp() * (inside - draft_logp)).sum(-1).mean())
+    return {"alpha": float(torch.minimum(target_logp.exp(), draft_logp.exp()).sum(-1).mean()),
+            "greedy_agreement": float((heldout.target_argmax == draft_argmax).float().mean()),
+            "fkl" if vocab_ids is None else "fkl_in_vocab": fkl, "positions": int(len(target_logp))}
 
 
 def speculative_alpha(generator, prompts: list[str], *, temperature: float, num_draft_tokens: int = 4,

@@ -92,6 +92,32 @@ def score_windows(target, tokens: np.ndarray, k: int, temperature: float = 1.0, 
     return TeacherCache(**{name: np.concatenate(arrays) for name, arrays in parts.items()})
 
 
+def restrict_cache(cache: TeacherCache, vocab_ids: torch.Tensor) -> TeacherCache:
+    """A full-vocabulary top-k cache restricted to a reduced draft vocabulary, renormalised.
+
+    The top-k entries inside the vocabulary keep their order and move to draft indices; the entries outside it
+    become empty buckets (id 0, the always-kept padding token, with log-probability -inf). The true in-vocabulary
+    mass is unknown past the top k, so it is taken as (top-k mass inside) + (the whole tail): an upper bound, which
+    leaves the kept entries slightly light and the tail bucket slightly heavy. That only shapes the training
+    signal; verification runs on the full vocabulary, so decoding stays exact. `coverage` holds the lower bound
+    (top-k mass inside the vocabulary); held-out coverage is measured exactly on full logits."""
+    vocab_ids = torch.as_tensor(vocab_ids, dtype=torch.long)
+    top_ids = torch.from_numpy(cache.top_ids.astype(np.int64))
+    to_draft = torch.full((int(max(int(top_ids.max()), int(vocab_ids.max()))) + 1,), -1, dtype=torch.long)
+    to_draft[vocab_ids] = torch.arange(len(vocab_ids))
+    mapped = to_draft[top_ids]  # [n, positions, k]
+    inside = mapped >= 0
+    top_logp = torch.from_numpy(cache.top_logp.astype(np.float32))
+    inside_mass = torch.where(inside, top_logp.exp(), torch.zeros(())).sum(-1)  # [n, positions]
+    tail = torch.from_numpy(cache.tail_logp.astype(np.float32))
+    log_norm = torch.logaddexp(inside_mass.clamp_min(1e-30).log(), tail)
+    new_logp = torch.where(inside, top_logp - log_norm[..., None], torch.tensor(float("-inf")))
+    id_type = np.int16 if len(vocab_ids) <= np.iinfo(np.int16).max + 1 else np.int32
+    return TeacherCache(torch.where(inside, mapped, 0).numpy().astype(id_type), new_logp.numpy().astype(np.float16),
+                        (tail - log_norm).numpy().astype(np.float32),
+                        (inside_mass.numpy() * cache.coverage).astype(np.float32))
+
+
 def frequent_vocab(token_arrays, size: int, always=(0, 1, 2)) -> np.ndarray:
     """Target ids of a reduced vocabulary: the special ids `always` first, then the most frequent tokens of
     `token_arrays` (ties broken by id, so the choice is deterministic), `size` ids in all."""

@@ -33,17 +33,20 @@ from specgen.modalities.checkpoints import atomic_write, export_fp16, restore
 from specgen.modalities.text.distill import data as data_mod
 from specgen.modalities.text.distill.divergences import (DIVERGENCES, TeacherTopK, adaspec_keep, draft_buckets,
                                                          token_divergence)
-from specgen.modalities.text.distill.teacher import (TeacherCache, frequent_vocab, score_windows, shrink_vocab,
-                                                     target_top_k)
+from specgen.modalities.text.distill.teacher import (TeacherCache, frequent_vocab, restrict_cache, score_windows,
+                                                     shrink_vocab, target_top_k)
 
 LOSSES = ("ce", *DIVERGENCES)
+VOCAB_SOURCES = ("samples", "corpus+samples")
 
 
 @dataclass(frozen=True)
 class DistillConfig:
     out: str
     target: str | None = None  # default: the shipped code target
-    init: str | None = None  # a model folder, "scratch", or "prune:N[@START]" (the target less an N-layer block)
+    # a model folder, "scratch" (the code draft's shape), "scratch:WxL" (a fresh draft W wide, L layers deep, its
+    # embedding started from the target's), or "prune:N[@START]" (the target less an N-layer block)
+    init: str | None = None
     loss: str = "fkl"  # ce | fkl | rkl | jsd | tvd
     beta: float = 0.5  # JSD's mixing weight
     data: str = "target"  # corpus | target | draft | mix
@@ -51,6 +54,9 @@ class DistillConfig:
     adaspec: float | None = None  # keep fraction k (AdaSPEC); needs `reference`
     reference: str | None = None  # the reference draft folder for AdaSPEC (a forward-KL distilled draft)
     vocab_size: int | None = None  # reduced draft vocabulary: the N most frequent tokens of target samples
+    # what the frequencies are counted in: the samples' continuations, or the training corpus and them (greedy
+    # continuations repeat few tokens; the text they continue names the rest, e.g. identifiers they copy)
+    vocab_from: str = "samples"
     steps: int = 300
     batch_size: int = 16
     prompt_len: int = 32
@@ -60,6 +66,9 @@ class DistillConfig:
     warmup: int = 20
     top_k: int = 64  # teacher log-probabilities kept per position
     temperature: float = 1.0  # the decoding temperature the draft is distilled for
+    # the temperature of the target's samples when it differs (0: greedy continuations, the contexts greedy
+    # decoding meets); the teacher at `temperature` is then kept while sampling, with no second pass
+    sample_temperature: float | None = None
     seed: int = 0
     data_seed: int = 0  # which windows form the data set (shared by runs that should see the same data)
     threads: int = 1
@@ -77,25 +86,33 @@ class DistillConfig:
             raise InvalidRequest("AdaSPEC needs a keep fraction in (0, 1] and a reference draft (--reference)")
         if self.adaspec is not None and self.loss == "ce":
             raise InvalidRequest("AdaSPEC selects tokens by divergence from the target; use a divergence loss")
+        if self.vocab_from not in VOCAB_SOURCES:
+            raise InvalidRequest(f"vocab_from must be one of {', '.join(VOCAB_SOURCES)}, not {self.vocab_from!r}")
         if self.vocab_size is not None and self.data in ("draft", "mix"):
             raise InvalidRequest("on-policy data is not supported with a reduced vocabulary")
         if min(self.steps, self.batch_size, self.prompt_len, self.new_tokens, self.windows, self.top_k) < 1:
             raise InvalidRequest("steps, batch size, prompt and continuation lengths, windows and top-k must be >= 1")
         if not self.temperature > 0:
             raise InvalidRequest("distillation needs a temperature > 0 (the draft's law at temperature 0 is a point)")
+        if self.sample_temperature is not None:
+            if not self.sample_temperature >= 0:
+                raise InvalidRequest(f"the sample temperature must be >= 0, got {self.sample_temperature}")
+            if self.data != "target":
+                raise InvalidRequest("--sample-temperature sets how the target's samples are drawn: use --data target")
 
 
 # settings a resumed run must share with its checkpoint
-FIXED = ("target", "init", "loss", "beta", "data", "mix_fraction", "adaspec", "reference", "vocab_size", "steps",
-         "batch_size", "prompt_len", "new_tokens", "windows", "lr", "warmup", "top_k", "temperature", "seed",
-         "data_seed", "max_files")
+FIXED = ("target", "init", "loss", "beta", "data", "mix_fraction", "adaspec", "reference", "vocab_size", "vocab_from",
+         "steps", "batch_size", "prompt_len", "new_tokens", "windows", "lr", "warmup", "top_k", "temperature",
+         "sample_temperature", "seed", "data_seed", "max_files")
 
 
 def command_line(cfg: DistillConfig) -> str:
     flags = {"target": "--target", "init": "--init", "loss": "--loss", "data": "--data", "adaspec": "--adaspec",
-             "reference": "--reference", "vocab_size": "--vocab-size", "steps": "--steps", "seed": "--seed",
-             "data_seed": "--data-seed", "batch_size": "--batch-size", "lr": "--lr", "top_k": "--top-k",
-             "temperature": "--temperature", "windows": "--windows", "max_files": "--max-files",
+             "reference": "--reference", "vocab_size": "--vocab-size", "vocab_from": "--vocab-from",
+             "steps": "--steps", "seed": "--seed", "data_seed": "--data-seed", "batch_size": "--batch-size",
+             "lr": "--lr", "top_k": "--top-k", "temperature": "--temperature",
+             "sample_temperature": "--sample-temperature", "windows": "--windows", "max_files": "--max-files",
              "prompt_len": "--prompt-len", "new_tokens": "--new-tokens"}
     parts = ["specgen train draft", f"--out {cfg.out}"]
     defaults = DistillConfig(out="")
@@ -135,11 +152,19 @@ def _init_draft(cfg: DistillConfig, target, tokenizer, calibration: np.ndarray):
     if spec is None:
         raise InvalidRequest("this target has no default draft to start from: pass --init scratch, prune:N or a "
                              "model folder")
-    if spec == "scratch":
-        from specgen.modalities.text.models import build_model
+    if spec == "scratch" or spec.startswith("scratch:"):
+        from specgen.modalities.text.models import build_model, draft_shape
 
+        shape = {}
+        if spec != "scratch":
+            width, _, layers = spec.split(":", 1)[1].partition("x")
+            try:
+                shape = draft_shape(int(width), int(layers), context=_draft_context(target))
+            except ValueError as exc:
+                raise InvalidRequest(f"--init scratch:WxL takes a width (a multiple of 64) and a layer count, "
+                                     f"got {spec!r} ({exc})") from None
         torch.manual_seed(cfg.seed)
-        return build_model("draft", tokenizer), None
+        return build_model("draft", tokenizer, **shape), None
     if spec.startswith("prune:"):  # "prune:N" drops the N-layer block of least angular distance, "prune:N@S" at S
         from specgen.modalities.text.distill.prune import drop_layers, prune_report
 
@@ -157,8 +182,31 @@ def _init_draft(cfg: DistillConfig, target, tokenizer, calibration: np.ndarray):
     return _load(spec), None
 
 
+def _draft_context(target) -> int:
+    return min(4096, int(getattr(target.config, "max_position_embeddings", 1024)))
+
+
+@torch.no_grad()
+def embed_from_target(draft, target, vocab_ids: torch.Tensor | None) -> None:
+    """Start the draft's (tied) embedding from the target's: the target's input embeddings of the draft's tokens,
+    centred and projected onto their top principal directions, rescaled to the fresh embedding's spread. A small
+    draft trained on little data then starts knowing which tokens are alike. In place."""
+    ids = torch.arange(target.config.vocab_size) if vocab_ids is None else torch.as_tensor(vocab_ids)
+    rows = target.get_input_embeddings()(ids[None])[0].float()  # [n, target_hidden]
+    rows = rows - rows.mean(0)
+    _, _, basis = torch.linalg.svd(rows, full_matrices=False)  # rows of `basis`: principal directions
+    width = min(draft.config.hidden_size, len(basis))  # a draft wider than that keeps fresh extra columns
+    projected = rows @ basis[:width].T  # [n, width]
+    weight = draft.get_input_embeddings().weight
+    projected *= weight.std() / projected.std()
+    weight[:len(ids), :width] = projected.to(weight.dtype)
+    if len(weight) > len(ids):  # a reduced draft's <unk> row: the centre
+        weight[len(ids):] = 0
+
+
 def _data_key(cfg: DistillConfig) -> str:
-    return f"t{cfg.temperature:g}-n{cfg.windows}-p{cfg.prompt_len}-c{cfg.new_tokens}-s{cfg.data_seed}"
+    sampled = "" if cfg.sample_temperature is None else f"x{cfg.sample_temperature:g}-"
+    return f"{sampled}t{cfg.temperature:g}-n{cfg.windows}-p{cfg.prompt_len}-c{cfg.new_tokens}-s{cfg.data_seed}"
 
 
 def _prompts(cfg: DistillConfig, tokenizer, cache: Path) -> data_mod.Windows:
@@ -166,16 +214,24 @@ def _prompts(cfg: DistillConfig, tokenizer, cache: Path) -> data_mod.Windows:
     return data_mod.corpus_windows(stream, cfg.windows, cfg.prompt_len, cfg.new_tokens, cfg.data_seed)
 
 
-def _target_samples(cfg: DistillConfig, target, prompts: data_mod.Windows, cache: Path) -> data_mod.Windows:
-    return data_mod.target_windows(target, prompts, cfg.new_tokens, cfg.temperature, cfg.data_seed,
-                                   cache / f"samples-{_data_key(cfg)}")
+def _target_samples(cfg: DistillConfig, target, prompts: data_mod.Windows, cache: Path):
+    """(the target's continuations of `prompts`, their teacher cache when it is kept while sampling, else None)."""
+    folder = cache / f"samples-{_data_key(cfg)}"
+    if cfg.sample_temperature is None:
+        return data_mod.target_windows(target, prompts, cfg.new_tokens, cfg.temperature, cfg.data_seed, folder), None
+    return data_mod.target_windows(target, prompts, cfg.new_tokens, cfg.sample_temperature, cfg.data_seed, folder,
+                                   teacher_k=cfg.top_k, teacher_temperature=cfg.temperature)
+
+
+def heldout_temperature(cfg: DistillConfig) -> float:
+    """Held-out continuations are drawn like the training samples (greedy ones are scored at temperature 1)."""
+    return cfg.temperature if cfg.sample_temperature is None else cfg.sample_temperature
 
 
 class _Data:
     """Batches of (tokens [b, length], teacher) for a step, as a pure function of (seed, step) and the draft."""
 
-    def __init__(self, cfg: DistillConfig, target, prompts: data_mod.Windows, samples: data_mod.Windows | None,
-                 cache: Path, vocab_ids, say):
+    def __init__(self, cfg: DistillConfig, target, prompts: data_mod.Windows, samples, cache: Path, vocab_ids, say):
         self.cfg, self.target, self.prompts = cfg, target, prompts
         self.fixed, self.teacher = None, None
         self.mask = data_mod.continuation_mask(cfg.batch_size, cfg.prompt_len, cfg.new_tokens)
@@ -185,7 +241,11 @@ class _Data:
                 self.fixed = prompts
             else:
                 say(f"target samples for {cfg.windows} prompts (cached in {cache})")
-                self.fixed = samples if samples is not None else _target_samples(cfg, target, prompts, cache)
+                self.fixed, sampled_teacher = samples if samples is not None else _target_samples(cfg, target,
+                                                                                                   prompts, cache)
+                if sampled_teacher is not None:  # kept while sampling: no scoring pass
+                    self.teacher = sampled_teacher if vocab_ids is None else restrict_cache(sampled_teacher, vocab_ids)
+                    return
             vocab_key = "full" if vocab_ids is None else "v" + hashlib.sha256(vocab_ids.numpy().tobytes()).hexdigest()[:12]
             path = cache / f"teacher-{cfg.data if cfg.data == 'corpus' else 'target'}-{key}-k{cfg.top_k}-{vocab_key}.npz"
             if not path.exists():
@@ -255,6 +315,27 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def prepare_samples(cfg: DistillConfig, say=_say) -> dict:
+    """Generate (or finish generating) the target's samples `cfg` trains on, and return their record: the
+    corpus step of a distillation on its own (`specgen train draft --samples-only`), resumable chunk by chunk."""
+    from specgen.modalities.text.generator import default_models, load_tokenizer, resolve_model_path
+
+    cfg.check()
+    if cfg.data != "target":
+        raise InvalidRequest("--samples-only generates the target's samples: use --data target")
+    torch.set_num_threads(cfg.threads)
+    target_path = resolve_model_path(cfg.target or default_models()[0])
+    tokenizer = load_tokenizer(target_path)
+    cache = data_mod.cache_folder(target_path, cfg.cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    windows, _ = _target_samples(cfg, _load(target_path), _prompts(cfg, tokenizer, cache), cache)
+    folder = cache / f"samples-{_data_key(cfg)}"
+    record = folder / "samples.json"
+    summary = json.loads(record.read_text()) if record.exists() else {"windows": int(len(windows.tokens))}
+    say(f"{summary['windows']} windows of target samples in {folder}")
+    return {**summary, "folder": str(folder), "command": command_line(cfg) + " --samples-only"}
+
+
 def train_draft(cfg: DistillConfig, *, stop_after: int | None = None, say=_say) -> dict:
     """Run (or resume) the distillation `cfg` describes; returns the summary also written to `training.json`.
     `stop_after` ends the process's work after that many steps (tests use it to simulate a kill)."""
@@ -279,7 +360,10 @@ def train_draft(cfg: DistillConfig, *, stop_after: int | None = None, say=_say) 
     if cfg.vocab_size is not None:  # frequency in the target's own samples (computed before any teacher cache)
         samples = _target_samples(cfg, target, prompts, cache)
         specials = (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id)
-        ids = frequent_vocab([samples.tokens[:, cfg.prompt_len:]], cfg.vocab_size,
+        counted = [samples[0].tokens[:, cfg.prompt_len:]]
+        if cfg.vocab_from == "corpus+samples":
+            counted.append(data_mod.corpus_stream(tokenizer, "train", cfg.max_files, cache))
+        ids = frequent_vocab(counted, cfg.vocab_size,
                              always=tuple(dict.fromkeys(i for i in specials if i is not None)))
         vocab_ids = torch.from_numpy(ids)
     data = _Data(cfg, target, prompts, samples, cache, vocab_ids, say)
@@ -288,6 +372,9 @@ def train_draft(cfg: DistillConfig, *, stop_after: int | None = None, say=_say) 
     to_draft = None
     if vocab_ids is not None:
         shrink_vocab(draft, vocab_ids)
+    if (cfg.init or "").startswith("scratch:"):  # a resumed run then loads its checkpoint over this
+        embed_from_target(draft, target, vocab_ids)
+    if vocab_ids is not None:
         to_draft = torch.full((target.config.vocab_size,), len(vocab_ids), dtype=torch.long)
         to_draft[vocab_ids] = torch.arange(len(vocab_ids))
     draft = draft.float().train()
@@ -310,7 +397,8 @@ def train_draft(cfg: DistillConfig, *, stop_after: int | None = None, say=_say) 
     settings = dataclasses.asdict(cfg)
     if ckpt_path.exists():
         ckpt = torch.load(ckpt_path, weights_only=True)
-        changed = [k for k in FIXED if ckpt["config"].get(k) != settings[k]]
+        defaults = dataclasses.asdict(DistillConfig(out=""))  # settings added since the checkpoint: their defaults
+        changed = [k for k in FIXED if ckpt["config"].get(k, defaults[k]) != settings[k]]
         if changed:
             raise InvalidRequest(f"{ckpt_path} was made with different settings ({', '.join(changed)}); "
                                  "use a new --out folder to start over")
@@ -325,7 +413,8 @@ def train_draft(cfg: DistillConfig, *, stop_after: int | None = None, say=_say) 
 
     def heldout():
         return heldout_set(target, tokenizer, cache, count=cfg.eval_windows, prompt_len=cfg.prompt_len,
-                           new_tokens=cfg.new_tokens, temperature=cfg.temperature, max_files=cfg.max_files)
+                           new_tokens=cfg.new_tokens, temperature=heldout_temperature(cfg), max_files=cfg.max_files,
+                           vocab_ids=vocab_ids)
 
     if state["step"] == 0 and "heldout_before" not in state:  # the starting point, for the card
         state["heldout_before"] = teacher_forced(draft, heldout(), vocab_ids, to_draft)
@@ -380,7 +469,7 @@ def train_draft(cfg: DistillConfig, *, stop_after: int | None = None, say=_say) 
 
 
 def _coverage(heldout, vocab_ids) -> float:
-    return float(heldout.target_logp[:, vocab_ids].exp().sum(-1).mean())
+    return float(heldout.vocab_logp(vocab_ids).exp().sum(-1).mean())
 
 
 def export(draft, folder: Path, target_path: str, vocab_ids, summary: dict) -> Path:
