@@ -665,7 +665,7 @@ def run_bench(*, prompts_path: Path | None, methods: list[str] | None, max_new_t
                                    for name in ("draft", "ngram"))
     variants = plan_variants(methods, draft_length, lookup_length, resolve)
     runner = Runner(generator)
-    if any(v.method == "hf-assisted" or (v.ours and get_method("text", v.method).drafter == "model")
+    if any(v.method == "hf-assisted" or (v.ours and (get_method("text", v.method).drafter or "").startswith("model"))
            for v in variants):
         runner.draft  # loads it now: a missing or mismatched draft fails before any timing
     encoded = [generator.encode(p.prompt) for p in prompts]

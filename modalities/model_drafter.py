@@ -26,9 +26,12 @@ class ModelDrafter:
 
     def __init__(self, model, processing: Processing, *, target_vocab_size: int | None = None,
                  vocab_ids: torch.Tensor | None = None, unknown_id: int = 0, capacity: int | None = None,
-                 stop_policy=None):
+                 stop_policy=None, lookup=None):
         self.engine = TransformersTarget(model, capacity)
         self.processing = processing
+        # lookup.next_token(context) -> a token id or None: slots it fills are point masses (`draft-lookup`)
+        self.lookup = lookup
+        self.looked_up = 0  # drafted slots filled by lookup so far
         # stop_policy.stop(law, previous_law, index) -> [rows] bool, asked before each drafted token after the first
         # (SVIP's entropy rule, Kangaroo's confidence rule); laws are the draft's softmax at temperature 1
         self.stop_policy = stop_policy
@@ -78,6 +81,7 @@ class ModelDrafter:
         num_drafted = torch.full((len(rows),), budget, dtype=torch.long)
         stopped = torch.zeros(len(rows), dtype=torch.bool)
         previous = None
+        prefixes = [t.tolist() for t in ctx.tokens] if self.lookup is not None else None
         for d in range(budget):
             plain = self._plain_law(last)  # the temperature-1 law: the stop rules' input and the slot's confidence
             if self.stop_policy is not None:  # rows that stop keep drafting in the batch; num_drafted cuts them
@@ -89,12 +93,17 @@ class ModelDrafter:
                         break
                 previous = plain
             law = self._law(last)
+            if prefixes is not None:
+                law = self._looked_up(law, prefixes)
             confidence.append(plain.max(-1).values)
             if self.processing.greedy:
                 index = law.argmax(-1)
             else:
                 index = sample_categorical(law, counter_uniform(ctx.seed, ctx.sample_ids, positions + d, Purpose.DRAFT))
             token = index if self.vocab_ids is None else self.vocab_ids[index]
+            if prefixes is not None:
+                for prefix, t in zip(prefixes, token.tolist()):
+                    prefix.append(t)
             drafted.append(token)
             laws.append(law)
             if d + 1 < budget:  # the last drafted token is fed at the next catch-up, if it is accepted
@@ -109,6 +118,21 @@ class ModelDrafter:
         ragged = None if self.stop_policy is None else num_drafted.clamp(max=len(drafted))
         self.confidence = torch.stack(confidence, 1)
         return Draft(torch.stack(drafted, 1), torch.stack(laws, 1), num_drafted=ragged, vocab_ids=self.vocab_ids)
+
+    def _looked_up(self, law: torch.Tensor, prefixes: list[list[int]]) -> torch.Tensor:
+        """The slot's law with each row whose context the lookup continues replaced by a point mass on that
+        token (a token outside a reduced vocabulary cannot be proposed: the model's law stays)."""
+        law = law.clone()
+        for i, prefix in enumerate(prefixes):
+            token = self.lookup.next_token(prefix)
+            if token is None:
+                continue
+            index = token if self.to_draft is None else int(self.to_draft[token]) if token < len(self.to_draft) else -1
+            if 0 <= index < law.shape[-1] and (self.vocab_ids is None or int(self.vocab_ids[index]) == token):
+                law[i] = 0
+                law[i, index] = 1
+                self.looked_up += 1
+        return law
 
     def _plain_law(self, logits: torch.Tensor) -> torch.Tensor:
         if self.vocab_ids is not None:

@@ -128,6 +128,14 @@ register(MethodSpec("ngram", "text", True,
                     "prompt lookup: copy the continuation of the latest matching n-gram; point-mass drafts",
                     drafter="ngram", rule="chain", policy="fixed", paper="Saxena 2023 (prompt lookup decoding)",
                     knobs=(NUM_DRAFT_TOKENS, NGRAM_SIZE, LENGTH_SCHEDULE)))
+MIN_NGRAM_SIZE = Knob("min_matching_ngram_size", int, 2, "shortest repeated n-gram that lets lookup fill a slot",
+                      1, 16)
+register(MethodSpec("draft-lookup", "text", True,
+                    "a draft model whose slots prompt lookup fills where the context ends in a repeated n-gram (a "
+                    "point mass there, the draft's law elsewhere); exact rejection sampling",
+                    drafter="model-lookup", rule="chain", policy="fixed",
+                    paper="Leviathan et al. 2023 with Saxena 2023's lookup",
+                    knobs=(NUM_DRAFT_TOKENS, NGRAM_SIZE, MIN_NGRAM_SIZE, LENGTH_SCHEDULE)))
 TREE_BUDGET = Knob("tree_budget", int, 16, "drafted tree nodes per step (the root excluded)", 1, 256)
 TREE_DEPTH = Knob("max_depth", int, 6, "deepest drafted node (also the loop's draft length)", 1, 64)
 register(MethodSpec("sequoia", "text", True,

@@ -22,7 +22,7 @@ from specgen.errors import InvalidRequest, ModelNotFound, VocabularyMismatch
 from specgen.modalities.assets import assets_dir
 from specgen.modalities.model_drafter import ModelDrafter
 from specgen.modalities.text import gemma
-from specgen.modalities.text.ngram import PromptLookupDrafter
+from specgen.modalities.text.ngram import LookupSlots, PromptLookupDrafter
 from specgen.modalities.transformers_adapter import TransformersTarget, measure_window_s
 from specgen.samplers.acceptance import make_rule
 from specgen.samplers.loop import speculative_generate
@@ -171,7 +171,8 @@ class TextGenerator:
         """Defaults this served model prefers over the registry's for method `spec` (only knobs it has)."""
         if not gemma.is_served(self.model_path):
             return {}
-        return {"num_draft_tokens": gemma.MODEL_DRAFT_LENGTH if spec.drafter == "model" else gemma.DRAFT_LENGTH}
+        model = (spec.drafter or "").startswith("model")
+        return {"num_draft_tokens": gemma.MODEL_DRAFT_LENGTH if model else gemma.DRAFT_LENGTH}
 
     def resolve_knobs(self, spec, params: dict) -> dict:
         known = {knob.name for knob in spec.knobs}
@@ -218,10 +219,13 @@ class TextGenerator:
 
             return StoppingModelDrafter(self.draft_model, processing, policy,
                                         target_vocab_size=self.model.config.vocab_size)
-        if kind == "model":
+        if kind in ("model", "model-lookup"):
             draft, reduced = self.draft_model, self.draft_vocab_ids  # the draft loads its vocab_ids first
+            lookup = None
+            if kind == "model-lookup":
+                lookup = LookupSlots(knobs["max_matching_ngram_size"], knobs["min_matching_ngram_size"])
             return ModelDrafter(draft, processing, target_vocab_size=self.model.config.vocab_size, vocab_ids=reduced,
-                                unknown_id=0 if reduced is None else len(reduced))
+                                unknown_id=0 if reduced is None else len(reduced), lookup=lookup)
         if kind == "ngram":
             return PromptLookupDrafter(knobs["max_matching_ngram_size"])
         if kind is not None and kind.startswith("tree-"):

@@ -255,6 +255,12 @@ def test_greedy_samples_train_a_reduced_draft_and_resume_exactly(tmp_path):
     train_draft(_config(tmp_path, tmp_path / "cut", **settings), say=quiet)
     a, b = _weights(tmp_path / "whole"), _weights(tmp_path / "cut")
     assert all(torch.equal(a[k], b[k]) for k in a)
+    more = train_draft(_config(tmp_path, tmp_path / "more", **{**settings, "init": str(tmp_path / "whole" / "export")}),
+                       say=quiet)  # a reduced draft trains on from where it ended
+    assert more["heldout_before"]["alpha"] == pytest.approx(whole["heldout"]["alpha"], abs=1e-3)  # fp16 export
+    with pytest.raises(Exception, match="another reduced vocabulary"):
+        train_draft(_config(tmp_path, tmp_path / "other", **{**settings, "vocab_size": 13,
+                                                              "init": str(tmp_path / "whole" / "export")}), say=quiet)
     with pytest.raises(Exception, match="use --data target"):
         train_draft(_config(tmp_path, tmp_path / "bad", sample_temperature=0.0, data="corpus"), say=quiet)
     with pytest.raises(Exception, match="multiple of 64"):
@@ -387,10 +393,12 @@ class _MisreportedLaw:
 @pytest.mark.slow
 def test_reduced_vocabulary_draft_samples_the_target_and_a_misreported_law_is_caught():
     """Chi-square of 3-token continuations of a tiny random Llama (vocabulary 6) drafted by a shrunk draft over 3 of
-    its tokens, against the target's exact joint; the same draft reporting a wrong law must fail the test."""
+    its tokens, against the target's exact joint, alone and with lookup-filled slots (draft-lookup); the same
+    drafters reporting a wrong law must fail the test."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from specgen.modalities.model_drafter import ModelDrafter
+    from specgen.modalities.text.ngram import LookupSlots
     from specgen.modalities.transformers_adapter import TransformersTarget
     from specgen.samplers.acceptance import ChainRejection
     from specgen.samplers.chisquare import goodness_of_fit
@@ -430,3 +438,19 @@ def test_reduced_vocabulary_draft_samples_the_target_and_a_misreported_law_is_ca
     assert exact.p_value > 1e-4, exact
     control = fit(_MisreportedLaw)
     assert control.p_value < 1e-6, control
+
+    # draft-lookup: the same draft with slots copied from repeated n-grams of the prompt and the draft so far
+    prompt = [1, 2, 1, 2]
+    expected = target_joint(Scored(target), processing, prompt, 3)
+
+    def fit_lookup(wrap):
+        inner = ModelDrafter(draft, processing, target_vocab_size=6, vocab_ids=vocab_ids, unknown_id=3,
+                             lookup=LookupSlots(2, 1))
+        result = generate(TransformersTarget(target), wrap(inner), ChainRejection(), [torch.tensor(prompt)] * samples,
+                          processing=processing, max_new_tokens=3, policy=FixedLength(3), seed=13)
+        assert result.stats["accepted"] > 0 and inner.looked_up > 0
+        return goodness_of_fit([tuple(t) for t in result.tokens], expected)
+
+    exact = fit_lookup(lambda d: d)
+    assert exact.p_value > 1e-4, exact
+    assert fit_lookup(_MisreportedLaw).p_value < 1e-6

@@ -183,6 +183,29 @@ def test_real_gemma_converts_and_windows_are_bitwise_plain_decoding():
     assert window_mismatches(model, windows=(2, 4, 8)) == 0
 
 
+@pytest.mark.skipif(os.environ.get("SPECGEN_GEMMA_TESTS") != "1" or not gemma.extra_installed()
+                    or gemma.shipped_draft() is None,
+                    reason="the real Gemma 3 270M with its shipped draft (gemma extra): set SPECGEN_GEMMA_TESTS=1")
+def test_real_gemma_with_its_shipped_draft_decodes_exactly():
+    """The shipped reduced-vocabulary draft on the real served Gemma: greedy speculative output equals plain
+    decoding, drafts are accepted, and Hugging Face's assisted generation through its full-vocabulary view
+    gives the same tokens."""
+    from specgen.app.bench_text import Prompt, Runner, Variant
+    from specgen.modalities.text.generator import TextGenerator
+
+    generator = TextGenerator()
+    assert generator.draft_path == str(gemma.shipped_draft())
+    runner = Runner(generator)
+    hf = Variant("hf-assisted[k=4]", "hf-assisted", "k=4",
+                 {"num_assistant_tokens": 4, "num_assistant_tokens_schedule": "constant"})
+    for prompt in ("def fibonacci(n):\n", "The quick brown fox"):
+        plain = generator.generate(prompt, method="ar", max_new_tokens=40)
+        spec = generator.generate(prompt, method="draft", max_new_tokens=40)
+        assert spec.tokens == plain.tokens and spec.stats["accepted"] > 0
+        peer = runner.run(hf, Prompt("p", "-", prompt), generator.encode(prompt), 40)
+        assert peer.tokens == plain.tokens
+
+
 def test_the_demo_header_says_why_this_text_model(monkeypatch):
     from specgen.app.ui import TextModels, header_markdown
 

@@ -10,7 +10,7 @@ from tiny_models import save_tiny
 from specgen.app.cli import main
 from specgen.errors import InvalidRequest, ModelNotFound, VocabularyMismatch
 from specgen.modalities.text.generator import TextGenerator
-from specgen.modalities.text.ngram import PromptLookupDrafter, lookup
+from specgen.modalities.text.ngram import LookupSlots, PromptLookupDrafter, lookup
 from specgen.samplers.types import DecodeContext
 
 
@@ -35,7 +35,49 @@ def test_prompt_lookup_drafter_is_ragged():
     assert draft.tokens[0, :2].tolist() == [2, 1]
 
 
-@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_lookup_slots_need_a_repeated_ngram_of_the_minimum_length():
+    slots = LookupSlots(3, 2)
+    assert slots.next_token([1, 2, 3, 9, 1, 2]) == 3  # the 2-gram (1, 2) occurred before
+    assert slots.next_token([5, 6, 7, 6]) is None  # only a 1-gram repeats
+    assert LookupSlots(3, 1).next_token([5, 6, 7, 6]) == 7
+    with pytest.raises(InvalidRequest, match="min_matching_ngram_size"):
+        LookupSlots(2, 3)
+
+
+def _one_hot(token: int, size: int) -> torch.Tensor:
+    law = torch.zeros(size, dtype=torch.float64)
+    law[token] = 1
+    return law
+
+
+def test_lookup_filled_slots_keep_chain_rejection_exact():
+    """draft-lookup's law, enumerated on a toy model: a point mass on the looked-up token where the context ends
+    in a repeated n-gram, the draft's law elsewhere. The output distribution equals the target's; reporting the
+    draft's own law at the looked-up slots (the tokens copied, the law not updated) does not."""
+    from specgen.samplers.acceptance import ChainRejection
+    from specgen.samplers.oracle import chain_proposals, exact_output, max_abs_diff, target_joint
+    from specgen.samplers.processing import Processing
+    from specgen.samplers.toy import TableLM
+
+    vocab, prompt, horizon, plain = 3, (1, 2, 1), 3, Processing(temperature=1.0)
+    target = TableLM(vocab, order=2, seed=31)
+    draft = target.mixed_with(TableLM(vocab, order=2, seed=32), 0.6)
+    slots = LookupSlots(2, 1)
+    model_law = lambda context: plain(draft.logits(context))  # noqa: E731
+    looked_up = lambda context: (model_law(context) if slots.next_token(list(context)) is None  # noqa: E731
+                                 else _one_hot(slots.next_token(list(context)), vocab))
+    assert slots.next_token(list(prompt)) is not None and slots.next_token([0, 1, 2]) is None  # both kinds occur
+    expected = target_joint(target, plain, prompt, horizon)
+    for k in (1, 3):
+        out = exact_output(target, plain, ChainRejection(), lambda prefix: chain_proposals(looked_up, prefix, k),
+                           prompt, horizon)
+        assert max_abs_diff(out, expected) < 1e-9
+    wrong = exact_output(target, plain, ChainRejection(),
+                         lambda prefix: chain_proposals(looked_up, prefix, 2, reported_law=model_law), prompt, horizon)
+    assert max_abs_diff(wrong, expected) > 1e-3
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram", "draft-lookup"])
 def test_greedy_methods_equal_plain_decoding(pair, method):
     generator = TextGenerator(*pair)
     plain = generator.generate("abc abc abc (x", method="ar", max_new_tokens=40)

@@ -370,7 +370,7 @@ def train_draft(cfg: DistillConfig, *, stop_after: int | None = None, say=_say) 
 
     draft, prune = _init_draft(cfg, target, tokenizer, data.prompts.tokens[:256, :cfg.prompt_len])
     to_draft = None
-    if vocab_ids is not None:
+    if vocab_ids is not None and not _has_vocab(cfg.init, vocab_ids):  # else: a reduced draft trained further
         shrink_vocab(draft, vocab_ids)
     if (cfg.init or "").startswith("scratch:"):  # a resumed run then loads its checkpoint over this
         embed_from_target(draft, target, vocab_ids)
@@ -466,6 +466,17 @@ def train_draft(cfg: DistillConfig, *, stop_after: int | None = None, say=_say) 
     (run_dir / "training.json").write_text(json.dumps(summary, indent=1))
     export(draft, run_dir / "export", target_path, vocab_ids, summary)
     return summary
+
+
+def _has_vocab(init: str | None, vocab_ids: torch.Tensor) -> bool:
+    """Whether the starting draft is already reduced to exactly `vocab_ids` (then it trains on as it is)."""
+    mapping = Path(init or "") / "vocab_ids.json"
+    if not init or not mapping.exists():
+        return False
+    if json.loads(mapping.read_text()) != vocab_ids.tolist():
+        raise InvalidRequest(f"{init} has another reduced vocabulary than this run's; start from a full-vocabulary "
+                             "draft or keep the data and --vocab-size it was trained with")
+    return True
 
 
 def _coverage(heldout, vocab_ids) -> float:
