@@ -33,7 +33,7 @@ SOURCE_FIELDS = {"text": ("prompt",), "image": ("prompt", "class"), "video": ("p
                  "speech": ("text",)}
 KNOWN_FIELDS = {"id", "modality", "prompt", "class", "text", "method", "params", "seed", "category"}
 RUNNABLE = ("text", "image", "video", "speech")  # modalities this version generates
-DEFAULT_METHOD = {"image": "mc-sjd", "video": "mc-sjd", "speech": "sd"}  # text: "draft" when a draft model is loaded, else "ngram"
+DEFAULT_METHOD = {"image": "mc-sjd", "video": "mc-sjd", "speech": "sd"}  # text: generator.default_method
 
 
 @dataclass(frozen=True)
@@ -482,8 +482,10 @@ def run_batch(input_path, output_path, *, engine: str = "local", model: str | No
         for path in (model, draft):  # workers load the models; a wrong path should fail here, not per item
             if path and os.sep in path and not Path(path).exists():
                 raise ModelNotFound(f"model path {path!r} does not exist")
-    has_draft = generator.draft_path is not None if generator is not None else (draft is not None or model is None)
-    requests = load_requests(input_path, default_text_method="draft" if has_draft else "ngram")
+    from specgen.modalities.text.generator import default_method
+
+    default_text = generator.default_method if generator is not None else default_method(model, draft)
+    requests = load_requests(input_path, default_text_method=default_text)
     done = done_ids(output_path)
     pending = [r for r in requests if r.key not in done]
     summary = Summary(items=len(requests), skipped=len(requests) - len(pending))

@@ -13,9 +13,7 @@ def generate_text(args) -> int:
     import time
 
     generator = TextGenerator(model=args.model, draft=args.draft, threads=args.threads)
-    # default: the draft model when there is one, else prompt lookup (lossless, and never slower than a plain
-    # step when nothing matches)
-    method = args.method or ("draft" if generator.draft_path else "ngram")
+    method = args.method or generator.default_method
     stats = SpecStats()
     tokens: list[list[int]] = [[] for _ in range(args.num_samples)]
     shown = ""

@@ -172,6 +172,13 @@ class TextModels(LazyGenerator):
         self.default_target = generator is None and model is None  # the header says why this target
         self.conversion: str | None = None  # the latest conversion line while Gemma is converted on first use
 
+    def default_method(self) -> str:
+        """The Text tab's preselected method, known without loading anything."""
+        from specgen.modalities.text.generator import default_method
+
+        loaded = getattr(self._generator, "default_method", None)
+        return loaded or default_method(self._model, self._draft)
+
     def _converting(self, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
         self.conversion = message
@@ -436,7 +443,8 @@ def build_demo(text_generator=None, *, model: str | None = None, draft: str | No
     speech_models = speech_models or SpeechModels(speech_generator, threads=threads)
     text_methods = registry.method_names("text")
     knobs = _text_knobs()
-    default_method = "draft" if "draft" in text_methods else text_methods[0]
+    default_method = text_models.default_method()
+    default_method = default_method if default_method in text_methods else text_methods[0]
     default_own = {k.name for k in registry.get_method("text", default_method).knobs}
 
     with gr.Blocks(title="specgen") as demo:

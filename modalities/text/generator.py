@@ -42,6 +42,18 @@ def default_models() -> tuple[str, str | None]:
     return str(code / "target"), str(code / "draft")
 
 
+def default_method(model: str | None, draft: str | None) -> str:
+    """What a text request without a method gets (`model`/`draft` as given, None for the defaults): the draft
+    model when there is one (on Gemma with the lookup-filled slots of `draft-lookup`, its fastest method in
+    benchmarks/text-gemma-latest.md), else prompt lookup (lossless, and never slower than a plain step when
+    nothing matches)."""
+    if model is None:
+        model, draft = default_models()[0], draft or default_models()[1]
+    if draft is None:
+        return "ngram"
+    return "draft-lookup" if model == gemma.ALIAS or gemma.is_served(model) else "draft"
+
+
 def resolve_model_path(path: str) -> str:
     """`gemma` -> its served folder in the user cache (converted on first use); other paths unchanged."""
     return str(gemma.resolve()) if path == gemma.ALIAS else path
@@ -166,6 +178,10 @@ class TextGenerator:
             events.append(event)
             yield event
         self.online.observe(prompt_ids, events)  # a request served to its end teaches the draft (OSD)
+
+    @property
+    def default_method(self) -> str:
+        return default_method(self.model_path, self.draft_path)
 
     def knob_defaults(self, spec) -> dict:
         """Defaults this served model prefers over the registry's for method `spec` (only knobs it has)."""
