@@ -1,12 +1,13 @@
 """The draft length for a target/draft pair: the cost model's choice, checked against a sweep of fixed lengths.
 
-    python benchmarks/draft_length.py [--model gemma] [--draft D] [--lengths 2,3,4,5,6,8] [--max-new-tokens 128]
-        [--prompts benchmarks/prompts/text.jsonl] [--threads 1] [--out benchmarks/draft-length-gemma]
+    python benchmarks/draft_length.py [--model gemma] [--draft D] [--methods draft,draft-lookup]
+        [--lengths 2,3,4,6,8] [--max-new-tokens 128] [--prompts benchmarks/prompts/text.jsonl] [--threads 1]
+        [--out benchmarks/draft-length-gemma]
 
-Greedy decoding of the bench prompts with `ar` and with `draft` at every length, interleaved per prompt in
+Greedy decoding of the bench prompts with `ar` and with each method at every length, interleaved per prompt in
 rotated order (one process, the same loaded models). From the pooled measurements of the sweep itself, the cost
 model (core.md section 6) predicts each length's speedup, E(α, γ) · T_ar / (γ · T_draft + T_verify(γ + 1)),
-with α the pooled acceptance, T_draft the draft's seconds per drafted token, T_verify(n) the mean verification
+with α the method's pooled acceptance, T_draft its seconds per drafted token, T_verify(n) the mean verification
 time of a window of n and T_ar plain decoding's step time; its choice is the argmax. The sweep's measured
 speedup (median over prompts of the tokens/s ratio to `ar` in the same round) says whether that choice is right.
 Writes OUT.json and OUT.md.
@@ -28,6 +29,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model")
     parser.add_argument("--draft")
+    parser.add_argument("--methods", default="draft")
     parser.add_argument("--lengths", default="2,3,4,5,6,8")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--prompts", type=Path, default=ROOT / "benchmarks" / "prompts" / "text.jsonl")
@@ -41,17 +43,18 @@ def main() -> None:
     from specgen.modalities.text.generator import TextGenerator
     from specgen.samplers.stats import SpecStats, expected_tokens_per_step
 
-    lengths = [int(x) for x in args.lengths.split(",")]
+    lengths, methods = [int(x) for x in args.lengths.split(",")], args.methods.split(",")
     generator = TextGenerator(args.model, args.draft, threads=args.threads)
     prompts = load_prompts(args.prompts)
-    variants = ["ar", *(f"draft[{g}]" for g in lengths)]
+    variants = ["ar", *(f"{m}[{g}]" for m in methods for g in lengths)]
 
     def run(name: str, prompt: str) -> tuple[list[int], float, SpecStats]:
         stats, tokens = SpecStats(), []
-        knobs = {} if name == "ar" else {"num_draft_tokens": int(name[6:-1])}
+        method, _, length = name.partition("[")
+        knobs = {"num_draft_tokens": int(length[:-1])} if length else {}
         started = time.perf_counter()
-        for event in generator.stream(prompt, method="ar" if name == "ar" else "draft",
-                                      max_new_tokens=args.max_new_tokens, stats=stats, **knobs):
+        for event in generator.stream(prompt, method=method, max_new_tokens=args.max_new_tokens, stats=stats,
+                                      **knobs):
             tokens.extend(event.tokens)
         return tokens, time.perf_counter() - started, stats
 
@@ -73,32 +76,41 @@ def main() -> None:
             walls[name] += wall
     bar.close()
 
-    drafted = [pooled[f"draft[{g}]"] for g in lengths]
-    accepted = sum(s.accepted for s in drafted)
-    alpha = accepted / max(accepted + sum(s.rejections for s in drafted), 1)
-    draft_token_s = sum(s.draft_s for s in drafted) / max(sum(s.drafted for s in drafted), 1)
     ar_step_s = pooled["ar"].verify_s / pooled["ar"].steps
-    verify_s = {g + 1: pooled[f"draft[{g}]"].verify_s / pooled[f"draft[{g}]"].steps for g in lengths}
-    predicted = {g: expected_tokens_per_step(alpha, g) * ar_step_s / (g * draft_token_s + verify_s[g + 1])
-                 for g in lengths}
-    table = {}
-    for g in lengths:
-        stats = pooled[f"draft[{g}]"]
-        table[g] = {"tau": stats.committed / stats.row_steps, "steps": stats.steps,
-                    "alpha_hat": stats.accepted / max(stats.accepted + stats.rejections, 1),
-                    "verify_s": verify_s[g + 1], "predicted_speedup": predicted[g],
-                    "measured_speedup": statistics.median(rows[f"draft[{g}]"]),
-                    "identical_to_ar": f"{identical[f'draft[{g}]']}/{len(prompts)}"}
-    chosen = max(predicted, key=lambda g: (predicted[g], -g))
-    best = max(table, key=lambda g: table[g]["measured_speedup"])
+    # T_verify(n) pooled over every method that verified windows of n
+    windows = {}
+    for name in variants[1:]:
+        n = int(name.partition("[")[2][:-1]) + 1
+        seconds, steps = windows.get(n, (0.0, 0))
+        windows[n] = (seconds + pooled[name].verify_s, steps + pooled[name].steps)
+    verify_s = {n: seconds / steps for n, (seconds, steps) in windows.items()}
+    per_method = {}
+    for method in methods:
+        drafted = [pooled[f"{method}[{g}]"] for g in lengths]
+        accepted = sum(s.accepted for s in drafted)
+        alpha = accepted / max(accepted + sum(s.rejections for s in drafted), 1)
+        draft_token_s = sum(s.draft_s for s in drafted) / max(sum(s.drafted for s in drafted), 1)
+        predicted = {g: expected_tokens_per_step(alpha, g) * ar_step_s / (g * draft_token_s + verify_s[g + 1])
+                     for g in lengths}
+        table = {}
+        for g in lengths:
+            stats = pooled[f"{method}[{g}]"]
+            table[g] = {"tau": stats.committed / stats.row_steps, "steps": stats.steps,
+                        "alpha_hat": stats.accepted / max(stats.accepted + stats.rejections, 1),
+                        "verify_s": verify_s[g + 1], "predicted_speedup": predicted[g],
+                        "measured_speedup": statistics.median(rows[f"{method}[{g}]"]),
+                        "identical_to_ar": f"{identical[f'{method}[{g}]']}/{len(prompts)}"}
+        chosen = max(predicted, key=lambda g: (predicted[g], -g))
+        best = max(table, key=lambda g: table[g]["measured_speedup"])
+        per_method[method] = {"alpha": alpha, "draft_token_s": draft_token_s, "lengths": table,
+                              "cost_model_choice": chosen, "sweep_best": best,
+                              "choice_within_of_best": table[chosen]["measured_speedup"] / table[best]["measured_speedup"]}
     result = {"command": "python benchmarks/draft_length.py " + " ".join(
                   f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None and k != "out"),
               "model": generator.model_path, "draft": generator.draft_path, "prompts": len(prompts),
-              "max_new_tokens": args.max_new_tokens, "threads": args.threads, "alpha": alpha,
-              "draft_token_s": draft_token_s, "ar_step_s": ar_step_s,
-              "tokens_per_s": {name: pooled[name].committed / walls[name] for name in variants},
-              "lengths": table, "cost_model_choice": chosen, "sweep_best": best,
-              "choice_within_of_best": table[chosen]["measured_speedup"] / table[best]["measured_speedup"]}
+              "max_new_tokens": args.max_new_tokens, "threads": args.threads, "ar_step_s": ar_step_s,
+              "verify_s": verify_s, "tokens_per_s": {name: pooled[name].committed / walls[name] for name in variants},
+              "methods": per_method}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(render(result) + "\n")
@@ -114,15 +126,17 @@ def render(result: dict) -> str:
     lines = [f"# Draft length: `{Path(result['model']).name}` with `{result['draft']}`", "",
              f"`{result['command']}`", "",
              f"{result['prompts']} prompts, greedy, {result['max_new_tokens']} new tokens, {result['threads']} "
-             f"thread(s). Pooled α = {result['alpha']:.3f}; T_draft = {result['draft_token_s'] * 1e3:.2f} ms per "
-             f"drafted token; T_ar = {result['ar_step_s'] * 1e3:.1f} ms per plain step.", "",
-             "| γ | τ | α̂ | T_verify(γ+1) ms | predicted speedup | measured speedup (median) | identical to ar |",
-             "|---|---|---|---|---|---|---|"]
-    for g, row in result["lengths"].items():
-        lines.append(f"| {g} | {row['tau']:.2f} | {row['alpha_hat']:.3f} | {row['verify_s'] * 1e3:.1f} | "
-                     f"{row['predicted_speedup']:.2f}× | {row['measured_speedup']:.2f}× | {row['identical_to_ar']} |")
-    lines += ["", f"The cost model picks γ = {result['cost_model_choice']}; the sweep's fastest is γ = "
-              f"{result['sweep_best']} (the choice reaches {result['choice_within_of_best']:.2f} of it)."]
+             f"thread(s); T_ar = {result['ar_step_s'] * 1e3:.1f} ms per plain step."]
+    for method, m in result["methods"].items():
+        lines += ["", f"## `{method}`", "",
+                  f"Pooled α = {m['alpha']:.3f}; T_draft = {m['draft_token_s'] * 1e3:.2f} ms per drafted token.", "",
+                  "| γ | τ | α̂ | T_verify(γ+1) ms | predicted speedup | measured speedup (median) | identical to ar |",
+                  "|---|---|---|---|---|---|---|"]
+        for g, row in m["lengths"].items():
+            lines.append(f"| {g} | {row['tau']:.2f} | {row['alpha_hat']:.3f} | {row['verify_s'] * 1e3:.1f} | "
+                         f"{row['predicted_speedup']:.2f}× | {row['measured_speedup']:.2f}× | {row['identical_to_ar']} |")
+        lines += ["", f"The cost model picks γ = {m['cost_model_choice']}; the sweep's fastest is γ = "
+                  f"{m['sweep_best']} (the choice reaches {m['choice_within_of_best']:.2f} of it)."]
     return "\n".join(lines)
 
 

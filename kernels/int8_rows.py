@@ -90,7 +90,59 @@ static void all_rows(const float* x, const T* w, const float* s, float* o, int64
   }
 }
 
-torch::Tensor int8_rows_mm(torch::Tensor x, torch::Tensor w, torch::Tensor scales) {
+#ifdef __AVX512F__
+// The same scheme 16 lanes wide (AVX-512F, 32 registers): each output (m, n) has one 512-bit accumulator fed
+// k = 0, 16, 32, ... in order and one fixed reduction, whatever MB and NB are. Its sums differ from the 8-lane
+// path's, so one layer always takes the same path (K % 16 == 0 on a CPU with AVX-512), whatever the rows.
+static inline __m512 widen16(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+}
+struct Int8Rows16 { static inline __m512 load(const int8_t* p) { return widen16(p); } };
+struct FloatRows16 { static inline __m512 load(const float* p) { return _mm512_loadu_ps(p); } };
+
+template <int MB, int NB, typename T, typename Load>
+static void block16(const float* x, const T* w, const float* scales, float* out, int64_t n0, int64_t n1, int64_t K, int64_t ldo) {
+  int64_t n = n0;
+  for (; n + NB <= n1; n += NB) {
+    __m512 acc[MB][NB];
+    for (int m = 0; m < MB; ++m) for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+      __m512 wv[NB];
+      for (int j = 0; j < NB; ++j) wv[j] = Load::load(w + (n + j) * K + k);
+      for (int m = 0; m < MB; ++m) {
+        __m512 xv = _mm512_loadu_ps(x + m * K + k);
+        for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_fmadd_ps(xv, wv[j], acc[m][j]);
+      }
+    }
+    for (int m = 0; m < MB; ++m) for (int j = 0; j < NB; ++j) out[m * ldo + n + j] = _mm512_reduce_add_ps(acc[m][j]) * scales[n + j];
+  }
+  if (NB > 1 && n < n1) block16<MB, 1, T, Load>(x, w, scales, out, n, n1, K, ldo);
+}
+
+template <typename T, typename Load>
+static void all_rows16(const float* x, const T* w, const float* s, float* o, int64_t M, int64_t n0, int64_t n1,
+                       int64_t K, int64_t ldo) {
+  int64_t m = 0;
+  for (; m + 6 < M; m += 6) block16<6, 4, T, Load>(x + m * K, w, s, o + m * ldo, n0, n1, K, ldo);
+  const float* xr = x + m * K; float* orow = o + m * ldo;
+  switch (M - m) {
+    case 1: block16<1, 8, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
+    case 2: block16<2, 6, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
+    case 3: block16<3, 4, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
+    case 4: block16<4, 4, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
+    case 5: block16<5, 4, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
+    case 6: block16<6, 4, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
+    default: break;
+  }
+}
+static const bool kHave512 = true;
+#else
+static const bool kHave512 = false;
+#endif
+
+bool has_wide() { return kHave512; }
+
+torch::Tensor int8_rows_mm(torch::Tensor x, torch::Tensor w, torch::Tensor scales, bool wide) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && w.dtype() == torch::kInt8 && scales.dtype() == torch::kFloat32);
   x = x.contiguous(); w = w.contiguous(); scales = scales.contiguous();
   int64_t M = x.size(0), K = x.size(1), N = w.size(0);
@@ -98,7 +150,11 @@ torch::Tensor int8_rows_mm(torch::Tensor x, torch::Tensor w, torch::Tensor scale
   auto out = torch::empty({M, N}, x.options());
   const float* xp = x.data_ptr<float>(); const int8_t* wp = w.data_ptr<int8_t>();
   const float* sp = scales.data_ptr<float>(); float* op = out.data_ptr<float>();
+  wide = wide && kHave512 && K % 16 == 0;
   if (M <= 12) {  // decoding and verification windows: stream the int8 weights once per 6 rows
+#ifdef __AVX512F__
+    if (wide) { all_rows16<int8_t, Int8Rows16>(xp, wp, sp, op, M, 0, N, K, N); return out; }
+#endif
     all_rows<int8_t, Int8Rows>(xp, wp, sp, op, M, 0, N, K, N);
   } else {  // prompts and batches: widen a block of weight rows into cache once, then run every row against it
     const int64_t rows_per_block = std::max<int64_t>(6, 98304 / (K * 4));
@@ -107,6 +163,9 @@ torch::Tensor int8_rows_mm(torch::Tensor x, torch::Tensor w, torch::Tensor scale
       const int64_t count = std::min(rows_per_block, N - n0);
       for (int64_t i = 0; i < count; ++i)
         for (int64_t k = 0; k < K; k += 8) _mm256_storeu_ps(widened.data() + i * K + k, widen(wp + (n0 + i) * K + k));
+#ifdef __AVX512F__
+      if (wide) { all_rows16<float, FloatRows16>(xp, widened.data(), sp + n0, op + n0, M, 0, count, K, N); continue; }
+#endif
       all_rows<float, FloatRows>(xp, widened.data(), sp + n0, op + n0, M, 0, count, K, N);
     }
   }
@@ -118,14 +177,28 @@ _module = None
 _tried = False
 
 
-def _cpu_supported() -> bool:
+def _cpu_flags() -> set[str]:
     if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
+        return set()
     try:
-        flags = open("/proc/cpuinfo").read()
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
     except OSError:
-        return False
-    return " avx2" in flags and " fma" in flags
+        pass
+    return set()
+
+
+def _cpu_supported() -> bool:
+    return {"avx2", "fma"} <= _cpu_flags()
+
+
+def _compile_flags() -> list[str]:
+    """AVX2/FMA everywhere; AVX-512F as well where the CPU has it (the 16-lane path is compiled only then, so the
+    extension never holds instructions this CPU lacks)."""
+    wide = ["-mavx512f"] if "avx512f" in _cpu_flags() and os.environ.get("SPECGEN_INT8_KERNEL") != "avx2" else []
+    return ["-O3", "-mavx2", "-mfma", *wide]
 
 
 def buildable() -> bool:
@@ -146,10 +219,11 @@ def load():
     try:
         from torch.utils.cpp_extension import load_inline
 
-        name = "specgen_int8_rows_" + hashlib.sha256(SOURCE.encode()).hexdigest()[:12]
+        flags = _compile_flags()
+        name = "specgen_int8_rows_" + hashlib.sha256((SOURCE + " ".join(flags)).encode()).hexdigest()[:12]
         log.info("building the int8 CPU kernel once (about 40 s)")
-        _module = load_inline(name, cpp_sources=SOURCE, functions=["int8_rows_mm"],
-                              extra_cflags=["-O3", "-mavx2", "-mfma"], verbose=False)
+        _module = load_inline(name, cpp_sources=SOURCE, functions=["int8_rows_mm", "has_wide"],
+                              extra_cflags=flags, verbose=False)
     except Exception as exc:  # noqa: BLE001 - any build failure means: use the fallback
         log.warning("int8 CPU kernel unavailable (%s); using torch._weight_int8pack_mm", str(exc).splitlines()[0])
         _module = None
@@ -160,9 +234,15 @@ def available() -> bool:
     return load() is not None
 
 
-def int8_rows_mm(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """x [M, K] float32, weight [N, K] int8, scales [N] float32 -> [M, N] float32 (K a multiple of 8)."""
-    return load().int8_rows_mm(x, weight, scales)
+def wide() -> bool:
+    """Whether layers with K a multiple of 16 run the 16-lane AVX-512 path (else the 8-lane AVX2 one)."""
+    return available() and bool(load().has_wide())
+
+
+def int8_rows_mm(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, wide: bool = True) -> torch.Tensor:
+    """x [M, K] float32, weight [N, K] int8, scales [N] float32 -> [M, N] float32 (K a multiple of 8). `wide`
+    allows the AVX-512 path where it is built and K % 16 == 0; a layer's path never depends on M."""
+    return load().int8_rows_mm(x, weight, scales, wide)
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

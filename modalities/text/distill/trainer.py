@@ -513,8 +513,9 @@ def model_card(summary: dict) -> str:
         loss += f", AdaSPEC token selection (keep {cfg['adaspec']:g}, reference `{cfg['reference']}`)"
     lines = [f"# Draft distilled from `{summary['target']}`", "",
              f"- Loss: {loss}; data: {cfg['data']} ({cfg['windows']} prompts of {cfg['prompt_len']} tokens, "
-             f"{cfg['new_tokens']} continuation tokens with a loss each), temperature {cfg['temperature']:g}, "
-             f"top-{cfg['top_k']} teacher cache.",
+             f"{cfg['new_tokens']} continuation tokens with a loss each), temperature {cfg['temperature']:g}"
+             + (f" (samples drawn at {cfg['sample_temperature']:g}, the teacher kept while sampling)"
+                if cfg.get("sample_temperature") is not None else "") + f", top-{cfg['top_k']} teacher cache.",
              f"- Start: `{cfg['init'] or 'the shipped draft'}`; {summary['params']:,} parameters, stored fp16.",
              f"- {summary['steps']} AdamW steps × {cfg['batch_size']} windows, peak lr {cfg['lr']:g} "
              f"({cfg['warmup']} warm-up steps, cosine to 10 %), seed {cfg['seed']}, data seed {cfg['data_seed']}; "
