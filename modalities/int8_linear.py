@@ -23,7 +23,9 @@ FALLBACK_DTYPE = torch.bfloat16  # torch._weight_int8pack_mm's fast path; its fp
 
 def backend() -> str:
     """Which kernel the int8 layers run on this machine (recorded with benchmark results)."""
-    return "int8_rows-avx2-fp32" if int8_rows.available() else "weight_int8pack_mm-bf16"
+    if not int8_rows.available():
+        return "weight_int8pack_mm-bf16"
+    return "int8_rows-avx512-fp32" if int8_rows.wide() else "int8_rows-avx2-fp32"
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,13 +22,21 @@ def supports(model) -> bool:
 
 
 class LlamaRunner:
-    def __init__(self, model):
+    """`int8_head`: the output layer as int8 rows (`int8_linear`), a copy made here: a draft's head over a large
+    vocabulary is most of its per-token cost at one row (memory-bound), and a quarter of the bytes is read."""
+
+    def __init__(self, model, int8_head: bool = False):
         config, body = model.config, model.model
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.embed, self.rotary = body.embed_tokens.weight, body.rotary_emb
         self.final_norm = (body.norm.weight, body.norm.variance_epsilon)
         self.lm_head = model.lm_head.weight
+        self.head = None
+        if int8_head:
+            from specgen.modalities.int8_linear import Int8Linear
+
+            self.head = Int8Linear.from_linear(model.lm_head)
         self.keep_hidden, self.last_hidden = False, None
         self.layers = []
         for layer in body.layers:
@@ -51,7 +59,8 @@ class LlamaRunner:
         hidden = self.forward_hidden(F.embedding(tokens, self.embed), positions, cache, attention_mask)
         if self.keep_hidden:
             self.last_hidden = hidden
-        return F.linear(hidden[:, -logits_to_keep:] if logits_to_keep else hidden, self.lm_head)
+        kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
+        return self.head(kept) if self.head is not None else F.linear(kept, self.lm_head)
 
     @torch.no_grad()
     def forward_hidden(self, hidden, positions, cache, attention_mask) -> torch.Tensor:

@@ -103,12 +103,13 @@ class TransformersTarget:
 
     Set `model.config._attn_implementation` as you like ("sdpa" or "eager"); the mask is always explicit."""
 
-    def __init__(self, model, capacity: int | None = None, fast: bool = True):
+    def __init__(self, model, capacity: int | None = None, fast: bool = True, int8_head: bool = False):
         self.model = model.eval()
-        # Llama and Gemma 3 checkpoints run through a compact forward of ours (same weights, same arithmetic)
+        # Llama and Gemma 3 checkpoints run through a compact forward of ours (same weights, same arithmetic;
+        # `int8_head`: a Llama output layer as int8 rows, for drafts)
         self.runner = None
         if fast and llama_runner.supports(model):
-            self.runner = llama_runner.LlamaRunner(model)
+            self.runner = llama_runner.LlamaRunner(model, int8_head=int8_head)
         elif fast and gemma_runner.supports(model):
             self.runner = gemma_runner.GemmaRunner(model)
         config = model.config

