@@ -10,8 +10,13 @@ Gemma 3's 262,144 x 640 output layer (1 thread, AVX2) 1, 4 and 6 rows cost about
 (prompts, batches) it widens a block of weight rows to float once into cache and runs every row against it;
 the widening is exact, so the result is the same bit for bit.
 
+Where the CPU has AVX-512F the same scheme also runs 16 lanes wide (32 registers, so bigger blocks): a layer whose
+K is a multiple of 16 always takes that path, whatever M, so row invariance holds within it (its sums differ
+from the 8-lane path's, so the two are never mixed in one layer). On Gemma 3's output layer 1, 4 and 6 rows then
+cost 9.9, 14.4 and 16.4 ms instead of 12.2, 25.9 and 27.4 (benchmarks/int8-kernel-latest.md).
+
 The extension compiles once with torch's `cpp_extension` (g++ and ninja; about 40 s) into torch's extension
-cache. Without a compiler or without AVX2/FMA, `available()` is False and `Int8Linear` uses
+cache, with AVX-512 code only where this CPU has it. Without a compiler or without AVX2/FMA, `available()` is False and `Int8Linear` uses
 `torch._weight_int8pack_mm` with bf16 activations, which is row-invariant too (with coarser logits).
 `reference` is the torch twin the kernel is tested against.
 """
@@ -47,98 +52,85 @@ static inline __m256 widen(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
 }
 
-struct Int8Rows { static inline __m256 load(const int8_t* p) { return widen(p); } };
-struct FloatRows { static inline __m256 load(const float* p) { return _mm256_loadu_ps(p); } };
-
-// MB activation rows against NB weight rows at a time. Each output (m, n) has one accumulator fed k = 0, 8, 16, ...
-// in order and one fixed horizontal sum, whatever MB and NB are: blocking changes speed, never the result. The
-// weights are int8 rows, or the same rows already widened to float (exactly: int8 -> float32 is lossless).
-template <int MB, int NB, typename T, typename Load>
-static void block(const float* x, const T* w, const float* scales, float* out, int64_t n0, int64_t n1, int64_t K, int64_t ldo) {
-  int64_t n = n0;
-  for (; n + NB <= n1; n += NB) {
-    __m256 acc[MB][NB];
-    for (int m = 0; m < MB; ++m) for (int j = 0; j < NB; ++j) acc[m][j] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; k += 8) {
-      __m256 wv[NB];
-      for (int j = 0; j < NB; ++j) wv[j] = Load::load(w + (n + j) * K + k);
-      for (int m = 0; m < MB; ++m) {
-        __m256 xv = _mm256_loadu_ps(x + m * K + k);
-        for (int j = 0; j < NB; ++j) acc[m][j] = _mm256_fmadd_ps(xv, wv[j], acc[m][j]);
-      }
-    }
-    for (int m = 0; m < MB; ++m) for (int j = 0; j < NB; ++j) out[m * ldo + n + j] = hsum(acc[m][j]) * scales[n + j];
-  }
-  if (NB > 1 && n < n1) block<MB, 1, T, Load>(x, w, scales, out, n, n1, K, ldo);
-}
-
-// All M rows (6 per group, then the rest) against weight rows n0..n1 of w.
-template <typename T, typename Load>
-static void all_rows(const float* x, const T* w, const float* s, float* o, int64_t M, int64_t n0, int64_t n1,
-                     int64_t K, int64_t ldo) {
-  int64_t m = 0;
-  for (; m + 6 < M; m += 6) block<6, 2, T, Load>(x + m * K, w, s, o + m * ldo, n0, n1, K, ldo);
-  const float* xr = x + m * K; float* orow = o + m * ldo;
-  switch (M - m) {
-    case 1: block<1, 6, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
-    case 2: block<2, 4, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
-    case 3: block<3, 3, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
-    case 4: block<4, 2, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
-    case 5: block<5, 2, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
-    case 6: block<6, 2, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
-    default: break;
-  }
-}
-
+// One vector width: its register type, loads, fused multiply-add, fixed horizontal sum, and the number of weight
+// rows (NB) a block of MB activation rows takes (as many accumulators as the registers hold without spilling).
+struct Lanes8 {  // AVX2: 16 registers
+  using V = __m256;
+  static constexpr int W = 8;
+  static inline V zero() { return _mm256_setzero_ps(); }
+  static inline V load(const float* p) { return _mm256_loadu_ps(p); }
+  static inline V load(const int8_t* p) { return widen(p); }
+  static inline V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static inline float sum(V v) { return hsum(v); }
+  static constexpr int nb(int mb) { return mb == 1 ? 6 : mb == 2 ? 4 : mb == 3 ? 3 : 2; }
+};
 #ifdef __AVX512F__
-// The same scheme 16 lanes wide (AVX-512F, 32 registers): each output (m, n) has one 512-bit accumulator fed
-// k = 0, 16, 32, ... in order and one fixed reduction, whatever MB and NB are. Its sums differ from the 8-lane
-// path's, so one layer always takes the same path (K % 16 == 0 on a CPU with AVX-512), whatever the rows.
-static inline __m512 widen16(const int8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
-}
-struct Int8Rows16 { static inline __m512 load(const int8_t* p) { return widen16(p); } };
-struct FloatRows16 { static inline __m512 load(const float* p) { return _mm512_loadu_ps(p); } };
-
-template <int MB, int NB, typename T, typename Load>
-static void block16(const float* x, const T* w, const float* scales, float* out, int64_t n0, int64_t n1, int64_t K, int64_t ldo) {
-  int64_t n = n0;
-  for (; n + NB <= n1; n += NB) {
-    __m512 acc[MB][NB];
-    for (int m = 0; m < MB; ++m) for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 16) {
-      __m512 wv[NB];
-      for (int j = 0; j < NB; ++j) wv[j] = Load::load(w + (n + j) * K + k);
-      for (int m = 0; m < MB; ++m) {
-        __m512 xv = _mm512_loadu_ps(x + m * K + k);
-        for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_fmadd_ps(xv, wv[j], acc[m][j]);
-      }
-    }
-    for (int m = 0; m < MB; ++m) for (int j = 0; j < NB; ++j) out[m * ldo + n + j] = _mm512_reduce_add_ps(acc[m][j]) * scales[n + j];
+struct Lanes16 {  // AVX-512F: 32 registers
+  using V = __m512;
+  static constexpr int W = 16;
+  static inline V zero() { return _mm512_setzero_ps(); }
+  static inline V load(const float* p) { return _mm512_loadu_ps(p); }
+  static inline V load(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
   }
-  if (NB > 1 && n < n1) block16<MB, 1, T, Load>(x, w, scales, out, n, n1, K, ldo);
-}
-
-template <typename T, typename Load>
-static void all_rows16(const float* x, const T* w, const float* s, float* o, int64_t M, int64_t n0, int64_t n1,
-                       int64_t K, int64_t ldo) {
-  int64_t m = 0;
-  for (; m + 6 < M; m += 6) block16<6, 4, T, Load>(x + m * K, w, s, o + m * ldo, n0, n1, K, ldo);
-  const float* xr = x + m * K; float* orow = o + m * ldo;
-  switch (M - m) {
-    case 1: block16<1, 8, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
-    case 2: block16<2, 6, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
-    case 3: block16<3, 4, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
-    case 4: block16<4, 4, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
-    case 5: block16<5, 4, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
-    case 6: block16<6, 4, T, Load>(xr, w, s, orow, n0, n1, K, ldo); break;
-    default: break;
-  }
-}
+  static inline V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static inline float sum(V v) { return _mm512_reduce_add_ps(v); }
+  static constexpr int nb(int mb) { return mb == 1 ? 8 : mb == 2 ? 6 : 4; }
+};
 static const bool kHave512 = true;
 #else
 static const bool kHave512 = false;
 #endif
+
+// MB activation rows against NB weight rows at a time. Each output (m, n) has one accumulator fed k = 0, W, 2W, ...
+// in order and one fixed horizontal sum, whatever MB and NB are: blocking changes speed, never the result. The
+// weights are int8 rows, or the same rows already widened to float (exactly: int8 -> float32 is lossless). The
+// 16-lane sums differ from the 8-lane ones, so a layer always takes one width (K % 16 == 0 with AVX-512).
+template <typename L, int MB, int NB, typename T>
+static void block(const float* x, const T* w, const float* scales, float* out, int64_t n0, int64_t n1, int64_t K, int64_t ldo) {
+  int64_t n = n0;
+  for (; n + NB <= n1; n += NB) {
+    typename L::V acc[MB][NB];
+    for (int m = 0; m < MB; ++m) for (int j = 0; j < NB; ++j) acc[m][j] = L::zero();
+    for (int64_t k = 0; k < K; k += L::W) {
+      typename L::V wv[NB];
+      for (int j = 0; j < NB; ++j) wv[j] = L::load(w + (n + j) * K + k);
+      for (int m = 0; m < MB; ++m) {
+        typename L::V xv = L::load(x + m * K + k);
+        for (int j = 0; j < NB; ++j) acc[m][j] = L::fma(xv, wv[j], acc[m][j]);
+      }
+    }
+    for (int m = 0; m < MB; ++m) for (int j = 0; j < NB; ++j) out[m * ldo + n + j] = L::sum(acc[m][j]) * scales[n + j];
+  }
+  if (NB > 1 && n < n1) block<L, MB, 1, T>(x, w, scales, out, n, n1, K, ldo);
+}
+
+// All M rows (6 per group, then the rest) against weight rows n0..n1 of w.
+template <typename L, typename T>
+static void all_rows(const float* x, const T* w, const float* s, float* o, int64_t M, int64_t n0, int64_t n1,
+                     int64_t K, int64_t ldo) {
+  int64_t m = 0;
+  for (; m + 6 < M; m += 6) block<L, 6, L::nb(6), T>(x + m * K, w, s, o + m * ldo, n0, n1, K, ldo);
+  const float* xr = x + m * K; float* orow = o + m * ldo;
+  switch (M - m) {
+    case 1: block<L, 1, L::nb(1), T>(xr, w, s, orow, n0, n1, K, ldo); break;
+    case 2: block<L, 2, L::nb(2), T>(xr, w, s, orow, n0, n1, K, ldo); break;
+    case 3: block<L, 3, L::nb(3), T>(xr, w, s, orow, n0, n1, K, ldo); break;
+    case 4: block<L, 4, L::nb(4), T>(xr, w, s, orow, n0, n1, K, ldo); break;
+    case 5: block<L, 5, L::nb(5), T>(xr, w, s, orow, n0, n1, K, ldo); break;
+    case 6: block<L, 6, L::nb(6), T>(xr, w, s, orow, n0, n1, K, ldo); break;
+    default: break;
+  }
+}
+
+template <typename T>
+static void rows_at_width(bool wide, const float* x, const T* w, const float* s, float* o, int64_t M, int64_t n0,
+                          int64_t n1, int64_t K, int64_t ldo) {
+#ifdef __AVX512F__
+  if (wide) { all_rows<Lanes16, T>(x, w, s, o, M, n0, n1, K, ldo); return; }
+#endif
+  all_rows<Lanes8, T>(x, w, s, o, M, n0, n1, K, ldo);
+}
 
 bool has_wide() { return kHave512; }
 
@@ -152,10 +144,7 @@ torch::Tensor int8_rows_mm(torch::Tensor x, torch::Tensor w, torch::Tensor scale
   const float* sp = scales.data_ptr<float>(); float* op = out.data_ptr<float>();
   wide = wide && kHave512 && K % 16 == 0;
   if (M <= 12) {  // decoding and verification windows: stream the int8 weights once per 6 rows
-#ifdef __AVX512F__
-    if (wide) { all_rows16<int8_t, Int8Rows16>(xp, wp, sp, op, M, 0, N, K, N); return out; }
-#endif
-    all_rows<int8_t, Int8Rows>(xp, wp, sp, op, M, 0, N, K, N);
+    rows_at_width<int8_t>(wide, xp, wp, sp, op, M, 0, N, K, N);
   } else {  // prompts and batches: widen a block of weight rows into cache once, then run every row against it
     const int64_t rows_per_block = std::max<int64_t>(6, 98304 / (K * 4));
     std::vector<float> widened(rows_per_block * K);
@@ -163,10 +152,7 @@ torch::Tensor int8_rows_mm(torch::Tensor x, torch::Tensor w, torch::Tensor scale
       const int64_t count = std::min(rows_per_block, N - n0);
       for (int64_t i = 0; i < count; ++i)
         for (int64_t k = 0; k < K; k += 8) _mm256_storeu_ps(widened.data() + i * K + k, widen(wp + (n0 + i) * K + k));
-#ifdef __AVX512F__
-      if (wide) { all_rows16<float, FloatRows16>(xp, widened.data(), sp + n0, op + n0, M, 0, count, K, N); continue; }
-#endif
-      all_rows<float, FloatRows>(xp, widened.data(), sp + n0, op + n0, M, 0, count, K, N);
+      rows_at_width<float>(wide, xp, widened.data(), sp + n0, op + n0, M, 0, count, K, N);
     }
   }
   return out;
