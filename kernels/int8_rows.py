@@ -12,8 +12,9 @@ the widening is exact, so the result is the same bit for bit.
 
 Where the CPU has AVX-512F the same scheme also runs 16 lanes wide (32 registers, so bigger blocks): a layer whose
 K is a multiple of 16 always takes that path, whatever M, so row invariance holds within it (its sums differ
-from the 8-lane path's, so the two are never mixed in one layer). On Gemma 3's output layer 1, 4 and 6 rows then
-cost 9.9, 14.4 and 16.4 ms instead of 12.2, 25.9 and 27.4 (benchmarks/int8-kernel-latest.md).
+from the 8-lane path's, so the two are never mixed in one layer). On Gemma 3's output layer 4 and 6 rows then
+cost about 19 and 22 ms instead of 32 and 43, and its other layers about half (benchmarks/int8-kernel-latest.md;
+one row is bound by memory bandwidth either way).
 
 The extension compiles once with torch's `cpp_extension` (g++ and ninja; about 40 s) into torch's extension
 cache, with AVX-512 code only where this CPU has it. Without a compiler or without AVX2/FMA, `available()` is False and `Int8Linear` uses
