@@ -39,7 +39,7 @@ def main() -> None:
 
     from tqdm import tqdm
 
-    from specgen.app.bench_text import load_prompts, rotated
+    from specgen.app.bench_text import _pool, load_prompts, rotated
     from specgen.modalities.text.generator import TextGenerator
     from specgen.samplers.stats import SpecStats, expected_tokens_per_step
 
@@ -102,9 +102,9 @@ def main() -> None:
                         "identical_to_ar": f"{identical[f'{method}[{g}]']}/{len(prompts)}"}
         chosen = max(predicted, key=lambda g: (predicted[g], -g))
         best = max(table, key=lambda g: table[g]["measured_speedup"])
+        within = table[chosen]["measured_speedup"] / table[best]["measured_speedup"]
         per_method[method] = {"alpha": alpha, "draft_token_s": draft_token_s, "lengths": table,
-                              "cost_model_choice": chosen, "sweep_best": best,
-                              "choice_within_of_best": table[chosen]["measured_speedup"] / table[best]["measured_speedup"]}
+                              "cost_model_choice": chosen, "sweep_best": best, "choice_within_of_best": within}
     result = {"command": "python benchmarks/draft_length.py " + " ".join(
                   f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None and k != "out"),
               "model": generator.model_path, "draft": generator.draft_path, "prompts": len(prompts),
@@ -115,11 +115,6 @@ def main() -> None:
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(render(result) + "\n")
     print(render(result))
-
-
-def _pool(total, run) -> None:
-    for key in ("steps", "row_steps", "drafted", "accepted", "rejections", "committed", "draft_s", "verify_s"):
-        setattr(total, key, getattr(total, key) + getattr(run, key))
 
 
 def render(result: dict) -> str:

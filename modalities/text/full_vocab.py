@@ -16,9 +16,10 @@ import torch
 
 def full_vocab_view(draft, vocab_ids: torch.Tensor, target_vocab_size: int):
     """A shallow copy of `draft` (shared weights) that takes target ids and returns target-vocabulary logits."""
+    from specgen.modalities.text.distill.teacher import draft_index
+
     vocab_ids = torch.as_tensor(vocab_ids, dtype=torch.long)
-    to_draft = torch.full((target_vocab_size,), len(vocab_ids), dtype=torch.long)  # outside -> the <unk> row
-    to_draft[vocab_ids] = torch.arange(len(vocab_ids))
+    to_draft = draft_index(vocab_ids, target_vocab_size, len(vocab_ids))  # outside -> the <unk> row
     base = type(draft)
 
     class FullVocabDraft(base):

@@ -92,6 +92,15 @@ def score_windows(target, tokens: np.ndarray, k: int, temperature: float = 1.0, 
     return TeacherCache(**{name: np.concatenate(arrays) for name, arrays in parts.items()})
 
 
+def draft_index(vocab_ids: torch.Tensor, size: int, outside: int) -> torch.Tensor:
+    """[size] the draft row of every target id below `size`: its index in `vocab_ids`, `outside` for the rest
+    (a reduced draft's <unk> row, len(vocab_ids), or -1 to mark them)."""
+    vocab_ids = torch.as_tensor(vocab_ids, dtype=torch.long)
+    index = torch.full((size,), outside, dtype=torch.long)
+    index[vocab_ids] = torch.arange(len(vocab_ids))
+    return index
+
+
 def restrict_cache(cache: TeacherCache, vocab_ids: torch.Tensor) -> TeacherCache:
     """A full-vocabulary top-k cache restricted to a reduced draft vocabulary, renormalised.
 
@@ -103,9 +112,8 @@ def restrict_cache(cache: TeacherCache, vocab_ids: torch.Tensor) -> TeacherCache
     (top-k mass inside the vocabulary); held-out coverage is measured exactly on full logits."""
     vocab_ids = torch.as_tensor(vocab_ids, dtype=torch.long)
     top_ids = torch.from_numpy(cache.top_ids.astype(np.int64))
-    to_draft = torch.full((int(max(int(top_ids.max()), int(vocab_ids.max()))) + 1,), -1, dtype=torch.long)
-    to_draft[vocab_ids] = torch.arange(len(vocab_ids))
-    mapped = to_draft[top_ids]  # [n, positions, k]
+    size = max(int(top_ids.max()), int(vocab_ids.max())) + 1
+    mapped = draft_index(vocab_ids, size, -1)[top_ids]  # [n, positions, k]
     inside = mapped >= 0
     top_logp = torch.from_numpy(cache.top_logp.astype(np.float32))
     inside_mass = torch.where(inside, top_logp.exp(), torch.zeros(())).sum(-1)  # [n, positions]

@@ -33,8 +33,8 @@ from specgen.modalities.checkpoints import atomic_write, export_fp16, restore
 from specgen.modalities.text.distill import data as data_mod
 from specgen.modalities.text.distill.divergences import (DIVERGENCES, TeacherTopK, adaspec_keep, draft_buckets,
                                                          token_divergence)
-from specgen.modalities.text.distill.teacher import (TeacherCache, frequent_vocab, restrict_cache, score_windows,
-                                                     shrink_vocab, target_top_k)
+from specgen.modalities.text.distill.teacher import (TeacherCache, draft_index, frequent_vocab, restrict_cache,
+                                                     score_windows, shrink_vocab, target_top_k)
 
 LOSSES = ("ce", *DIVERGENCES)
 VOCAB_SOURCES = ("samples", "corpus+samples")
@@ -214,9 +214,13 @@ def _prompts(cfg: DistillConfig, tokenizer, cache: Path) -> data_mod.Windows:
     return data_mod.corpus_windows(stream, cfg.windows, cfg.prompt_len, cfg.new_tokens, cfg.data_seed)
 
 
+def _samples_folder(cfg: DistillConfig, cache: Path) -> Path:
+    return cache / f"samples-{_data_key(cfg)}"
+
+
 def _target_samples(cfg: DistillConfig, target, prompts: data_mod.Windows, cache: Path):
     """(the target's continuations of `prompts`, their teacher cache when it is kept while sampling, else None)."""
-    folder = cache / f"samples-{_data_key(cfg)}"
+    folder = _samples_folder(cfg, cache)
     if cfg.sample_temperature is None:
         return data_mod.target_windows(target, prompts, cfg.new_tokens, cfg.temperature, cfg.data_seed, folder), None
     return data_mod.target_windows(target, prompts, cfg.new_tokens, cfg.sample_temperature, cfg.data_seed, folder,
@@ -329,7 +333,7 @@ def prepare_samples(cfg: DistillConfig, say=_say) -> dict:
     cache = data_mod.cache_folder(target_path, cfg.cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     windows, _ = _target_samples(cfg, _load(target_path), _prompts(cfg, tokenizer, cache), cache)
-    folder = cache / f"samples-{_data_key(cfg)}"
+    folder = _samples_folder(cfg, cache)
     record = folder / "samples.json"
     summary = json.loads(record.read_text()) if record.exists() else {"windows": int(len(windows.tokens))}
     say(f"{summary['windows']} windows of target samples in {folder}")
@@ -375,8 +379,7 @@ def train_draft(cfg: DistillConfig, *, stop_after: int | None = None, say=_say) 
     if (cfg.init or "").startswith("scratch:"):  # a resumed run then loads its checkpoint over this
         embed_from_target(draft, target, vocab_ids)
     if vocab_ids is not None:
-        to_draft = torch.full((target.config.vocab_size,), len(vocab_ids), dtype=torch.long)
-        to_draft[vocab_ids] = torch.arange(len(vocab_ids))
+        to_draft = draft_index(vocab_ids, target.config.vocab_size, len(vocab_ids))
     draft = draft.float().train()
     for p in draft.parameters():  # a pruned draft copies the frozen target's flags
         p.requires_grad_(True)
