@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from specgen import __version__
-from specgen.app.ui_models import LazyGenerator
+from specgen.app.ui_models import LazyGenerator, limit_malloc_arenas, release_freed_memory
 from specgen.errors import SpecgenError
 from specgen.samplers import registry
 
@@ -341,6 +341,8 @@ def shown_in_ui(gr, what: str, updates):
     except Exception as exc:  # noqa: BLE001 - shown in the UI, logged with its traceback
         log.exception("%s generation failed", what)
         raise gr.Error(f"generation failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        release_freed_memory()
 
 
 def _jsonable(stats: dict) -> dict:
@@ -527,6 +529,7 @@ def launch_demo(args) -> int:
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # nothing leaves the machine
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    limit_malloc_arenas()  # before any worker thread allocates: keeps resident memory flat over many requests
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("specgen").setLevel(logging.INFO)  # our own progress (model loading), not every request
     from specgen.app.ui_image import ImageModels

@@ -281,3 +281,26 @@ def test_incremental_detokenizer_matches_full_decoding():
     assert "".join(pieces) == tokenizer.decode(ids) == text
     assert "" in pieces  # multi-byte characters wait for their last byte
     assert all("\ufffd" not in piece for piece in pieces)
+
+
+def test_every_request_hands_freed_memory_back(monkeypatch):
+    """Resident memory stays flat over many requests only if freed memory is returned after each one, whether
+    the run finished or failed (benchmarks/memory-app.md measures the whole app)."""
+    import gradio as gr
+
+    from specgen.app import ui, ui_models
+
+    calls = []
+    monkeypatch.setattr(ui, "release_freed_memory", lambda: calls.append(1))
+
+    def failing():
+        yield 1
+        raise RuntimeError("boom")
+
+    assert list(ui.shown_in_ui(gr, "text", iter([1, 2]))) == [1, 2] and calls == [1]
+    with pytest.raises(gr.Error, match="generation failed: RuntimeError: boom"):
+        list(ui.shown_in_ui(gr, "text", failing()))
+    assert calls == [1, 1]
+    if ui_models._glibc() is not None:  # glibc: the arena cap is accepted and trimming runs
+        assert ui_models.limit_malloc_arenas(8) is True
+        ui_models.release_freed_memory()
