@@ -1,6 +1,6 @@
 """Throughput of `specgen batch` against a plain loop calling `TextGenerator.generate` on the same items.
 
-    python benchmarks/batch_text.py [--model M] [--draft D] [--method draft] [--copies 3] [--max-new-tokens 64]
+    python benchmarks/batch_text.py [--model M] [--draft D] [--method M] [--copies 3] [--max-new-tokens 64]
                                     [--repeats 3]
 
 Items: benchmarks/prompts/text.jsonl, each prompt `--copies` times (distinct ids and seeds). One model is loaded
@@ -26,7 +26,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model")
     parser.add_argument("--draft")
-    parser.add_argument("--method", default="draft")
+    parser.add_argument("--method", help="default: the served model's default text method")
     parser.add_argument("--copies", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
@@ -39,6 +39,7 @@ def main() -> None:
     from specgen.modalities.text.generator import TextGenerator
 
     generator = TextGenerator(args.model, args.draft, threads=args.threads)
+    args.method = args.method or generator.default_method
     prompts = [json.loads(line) for line in (ROOT / "benchmarks/prompts/text.jsonl").read_text().splitlines()
                if line.strip()]
     items = [{"id": f"{p['id']}-{c}", "modality": "text", "prompt": p["prompt"], "method": args.method,
