@@ -87,10 +87,17 @@ static const bool kHave512 = false;
 // in order and one fixed horizontal sum, whatever MB and NB are: blocking changes speed, never the result. The
 // weights are int8 rows, or the same rows already widened to float (exactly: int8 -> float32 is lossless). The
 // 16-lane sums differ from the 8-lane ones, so a layer always takes one width (K % 16 == 0 with AVX-512).
+static const int PREFETCH_BLOCKS = 16;  // prefetching changes the speed only: no arithmetic depends on it
+
 template <typename L, int MB, int NB, typename T>
 static void block(const float* x, const T* w, const float* scales, float* out, int64_t n0, int64_t n1, int64_t K, int64_t ldo) {
   int64_t n = n0;
   for (; n + NB <= n1; n += NB) {
+    if (sizeof(T) == 1) {  // int8 rows stream from memory: ask for the block PREFETCH_BLOCKS ahead now
+      const char* ahead = (const char*)(w + (n + PREFETCH_BLOCKS * NB) * K);
+      const char* end = (const char*)(w + n1 * K);
+      for (int64_t b = 0; b < NB * K; b += 64) if (ahead + b < end) _mm_prefetch(ahead + b, _MM_HINT_T0);
+    }
     typename L::V acc[MB][NB];
     for (int m = 0; m < MB; ++m) for (int j = 0; j < NB; ++j) acc[m][j] = L::zero();
     for (int64_t k = 0; k < K; k += L::W) {

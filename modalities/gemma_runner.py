@@ -7,7 +7,9 @@ the keys that query sees, gathered in position order. A drafted token scored in 
 through the very same kernels, with the very same shapes, as the same token scored alone by plain decoding,
 so with row-invariant linear layers (`int8_linear.Int8Linear`) its logits are bitwise identical and
 speculative decoding reproduces plain decoding of the served model token for token. A batched attention
-kernel would tile the window's queries together and change the summation order with the window size.
+kernel would tile the window's queries together and change the summation order with the window size. In
+float32 every query of a forward goes through one call of a compiled kernel with that same per-query arithmetic
+(`kernels.query_attention`); elsewhere, or where it cannot build, one `scaled_dot_product_attention` per query.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specgen.kernels import query_attention
 from specgen.modalities.int8_linear import Int8Linear
 from specgen.modalities.llama_runner import rotate_half
 
@@ -44,6 +47,7 @@ class GemmaRunner:
         self.final_norm = (body.norm.weight, body.norm.eps)
         self.softcap = config.final_logit_softcapping
         self.keep_hidden, self.last_hidden = False, None
+        self.use_kernel = True  # the compiled attention kernel where it builds (float32); else the per-query loop
         self.layers = []
         for layer_type, layer in zip(config.layer_types, body.layers):
             attn, mlp = layer.self_attn, layer.mlp
@@ -67,8 +71,12 @@ class GemmaRunner:
         logits then do not depend on whether its context was prefilled or decoded, or on the other rows."""
         hidden = self.embed(tokens)  # [rows, n, d]
         rows, n = tokens.shape
-        visible = {kind: _visible_keys(None if attention_mask is None else attention_mask[kind], rows, n, cache.width)
-                   for kind in {layer["type"] for layer in self.layers}}
+        kinds = {layer["type"] for layer in self.layers}
+        if self._kernel(hidden):  # every query in one call: the keys each sees, as a mask (None: the prefix rule)
+            visible = {kind: None if attention_mask is None else attention_mask[kind][:, 0] == 0 for kind in kinds}
+        else:
+            visible = {kind: _visible_keys(None if attention_mask is None else attention_mask[kind], rows, n,
+                                           cache.width) for kind in kinds}
         rotary = {kind: self.rotary(hidden, positions, kind) for kind in visible}  # cos, sin: [rows, n, head_dim]
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         for index, layer in enumerate(self.layers):
@@ -94,10 +102,16 @@ class GemmaRunner:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
+    def _kernel(self, hidden: torch.Tensor) -> bool:
+        return self.use_kernel and hidden.dtype == torch.float32 and query_attention.available()
+
     def _attend(self, q, keys, values, visible, scaling) -> torch.Tensor:
         """q: [rows, heads, n, head_dim]; keys/values: [rows, kv_heads, width, head_dim]; visible: per (row, slot)
         the key columns it sees (a range, or indices for tree slots). One query at a time, so shapes (and sums)
         depend only on what it sees; a query's heads attend together as the rows of one call."""
+        if not isinstance(visible, list):  # the compiled kernel: the same per-query arithmetic in one call
+            return query_attention.attend_queries(q if q.stride(-1) == 1 else q.contiguous(), keys, values, visible,
+                                                  scaling)
         rows, _, n, head_dim = q.shape
         group = self.heads // self.kv_heads
         out = q.new_empty(rows, n, self.heads * head_dim)
