@@ -44,7 +44,7 @@ class GemmaRunner:
         config, body = model.config, model.model
         self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         self.embed, self.rotary, self.lm_head = body.embed_tokens, body.rotary_emb, model.lm_head
-        self.final_norm = (body.norm.weight, body.norm.eps)
+        self.final_norm = _norm(body.norm)
         self.softcap = config.final_logit_softcapping
         self.keep_hidden, self.last_hidden = False, None
         self.use_kernel = True  # the compiled attention kernel where it builds (float32); else the per-query loop
@@ -53,14 +53,14 @@ class GemmaRunner:
             attn, mlp = layer.self_attn, layer.mlp
             self.layers.append({
                 "type": layer_type,
-                "norm_in": (layer.input_layernorm.weight, layer.input_layernorm.eps),
+                "norm_in": _norm(layer.input_layernorm),
                 "qkv": _fused([attn.q_proj, attn.k_proj, attn.v_proj]),
-                "q_norm": (attn.q_norm.weight, attn.q_norm.eps), "k_norm": (attn.k_norm.weight, attn.k_norm.eps),
+                "q_norm": _norm(attn.q_norm), "k_norm": _norm(attn.k_norm),
                 "out": attn.o_proj, "scaling": attn.scaling,
-                "norm_post_attn": (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps),
-                "norm_pre_mlp": (layer.pre_feedforward_layernorm.weight, layer.pre_feedforward_layernorm.eps),
+                "norm_post_attn": _norm(layer.post_attention_layernorm),
+                "norm_pre_mlp": _norm(layer.pre_feedforward_layernorm),
                 "gate_up": _fused([mlp.gate_proj, mlp.up_proj]), "down": mlp.down_proj,
-                "norm_post_mlp": (layer.post_feedforward_layernorm.weight, layer.post_feedforward_layernorm.eps),
+                "norm_post_mlp": _norm(layer.post_feedforward_layernorm),
             })
 
     @torch.no_grad()
@@ -141,8 +141,12 @@ def _visible_keys(mask, rows: int, n: int, width: int) -> list[tuple[int, int, s
              else seen[row, slot].nonzero().flatten()) for row in range(rows) for slot in range(n)]
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # as transformers' Gemma3RMSNorm: statistics and the (1 + w) scale in float32, then back to x's dtype
-    x32 = x.float()
-    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return (normed * (1.0 + weight.float())).type_as(x)
+def _norm(module) -> tuple[torch.Tensor, float]:
+    """A Gemma3RMSNorm as (its float32 (1 + w) scale, eps), computed once."""
+    return (1.0 + module.weight.detach().float()), module.eps
+
+
+def _rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    # as transformers' Gemma3RMSNorm: statistics and the (1 + w) scale in float32, then back to x's dtype; one
+    # fused call per row of the last dimension, so a row's result never depends on the other rows
+    return F.rms_norm(x.float(), (x.shape[-1],), scale, eps).type_as(x)
