@@ -83,20 +83,32 @@ class ModelDrafter:
         stopped = torch.zeros(len(rows), dtype=torch.bool)
         previous = None
         prefixes = [t.tolist() for t in ctx.tokens] if self.lookup is not None else None
+        # `draft-lookup` without a stop rule: a slot that lookup fills in every row needs no draft law, so the
+        # forward that would give it one is deferred; the next slot that needs the model feeds every deferred
+        # token in one forward (the law it reads is the draft's law after the same context)
+        defer = prefixes is not None and self.stop_policy is None
+        fills = self._lookup_rows(prefixes) if prefixes is not None else None
+        unfed: list[torch.Tensor] = []  # drafted tokens not yet in the draft's cache
+        fed, width = 0, 0
         for d in range(budget):
-            plain = self._plain_law(last)  # the temperature-1 law: the stop rules' input and the slot's confidence
-            if self.stop_policy is not None:  # rows that stop keep drafting in the batch; num_drafted cuts them
-                if d > 0:
-                    stopping = ~stopped & self.stop_policy.stop(plain, previous, d).to(torch.bool)
-                    num_drafted = torch.where(stopping, d, num_drafted)
-                    stopped |= stopping
-                    if bool(stopped.all()):
-                        break
-                previous = plain
-            law = self._law(last)
-            if prefixes is not None:
-                law = self._looked_up(law, prefixes)
-            confidence.append(plain.max(-1).values)
+            if last is None:  # every row looked up: point masses, and their confidence is 1
+                law = self._point_masses(torch.zeros(len(rows), width), fills)
+                confidence.append(torch.ones(len(rows)))
+            else:
+                plain = self._plain_law(last)  # the temperature-1 law: the stop rules' input and the confidence
+                if self.stop_policy is not None:  # rows that stop keep drafting in the batch; num_drafted cuts them
+                    if d > 0:
+                        stopping = ~stopped & self.stop_policy.stop(plain, previous, d).to(torch.bool)
+                        num_drafted = torch.where(stopping, d, num_drafted)
+                        stopped |= stopping
+                        if bool(stopped.all()):
+                            break
+                    previous = plain
+                law = self._law(last)
+                width = law.shape[-1]
+                if fills is not None:
+                    law = self._point_masses(law, fills)
+                confidence.append(plain.max(-1).values)
             if self.processing.greedy:
                 index = law.argmax(-1)
             else:
@@ -105,31 +117,46 @@ class ModelDrafter:
             if prefixes is not None:
                 for prefix, t in zip(prefixes, token.tolist()):
                     prefix.append(t)
+                fills = self._lookup_rows(prefixes)
             drafted.append(token)
             laws.append(law)
             if d + 1 < budget:  # the last drafted token is fed at the next catch-up, if it is accepted
-                last = self.engine.score(self._draft_ids(token[:, None]), (positions + d)[:, None], rows)[:, 0]
+                unfed.append(token)
+                if defer and all(index >= 0 for index in fills):
+                    last = None
+                    continue
+                feed = torch.stack(unfed, 1)  # [rows, u]
+                at = positions[:, None] + (d + 1 - feed.shape[1]) + torch.arange(feed.shape[1])
+                last = self.engine.score(self._draft_ids(feed), at, rows)[:, -1]
                 self.forward_calls += 1
-                self.engine.commit(torch.ones(len(rows), 1, dtype=torch.bool), rows)
-        # the draft's cache holds the context and the drafted tokens it has scored: all of them when every row
-        # stopped early, else all but the last
-        scored = drafted if len(drafted) < budget else drafted[:-1]
+                self.engine.commit(torch.ones(feed.shape, dtype=torch.bool), rows)
+                fed, unfed = fed + feed.shape[1], []
+        # the draft's cache holds the context and the drafted tokens it has scored
         for i, row in enumerate(rows.tolist()):
-            self.cached[row] = ctx.tokens[i].tolist() + [int(t[i]) for t in scored]
+            self.cached[row] = ctx.tokens[i].tolist() + [int(t[i]) for t in drafted[:fed]]
         ragged = None if self.stop_policy is None else num_drafted.clamp(max=len(drafted))
         self.confidence = torch.stack(confidence, 1)
         return Draft(torch.stack(drafted, 1), torch.stack(laws, 1), num_drafted=ragged, vocab_ids=self.vocab_ids)
 
-    def _looked_up(self, law: torch.Tensor, prefixes: list[list[int]]) -> torch.Tensor:
-        """The slot's law with each row whose context the lookup continues replaced by a point mass on that
-        token (a token outside a reduced vocabulary cannot be proposed: the model's law stays)."""
+    def _lookup_rows(self, prefixes: list[list[int]]) -> list[int]:
+        """Per row, the draft index of the token lookup continues its context with, or -1 where it has none (a
+        token outside a reduced vocabulary cannot be proposed: the model's law stays)."""
+        indices = []
+        for prefix in prefixes:
+            token, index = self.lookup.next_token(prefix), -1
+            if token is not None and self.to_draft is None:
+                index = token if token < self.engine.vocab_size else -1
+            elif token is not None and token < len(self.to_draft):
+                index = int(self.to_draft[token])
+                index = index if index < len(self.vocab_ids) and int(self.vocab_ids[index]) == token else -1
+            indices.append(index)
+        return indices
+
+    def _point_masses(self, law: torch.Tensor, indices: list[int]) -> torch.Tensor:
+        """The slot's law with each looked-up row replaced by a point mass on its token."""
         law = law.clone()
-        for i, prefix in enumerate(prefixes):
-            token = self.lookup.next_token(prefix)
-            if token is None:
-                continue
-            index = token if self.to_draft is None else int(self.to_draft[token]) if token < len(self.to_draft) else -1
-            if 0 <= index < law.shape[-1] and (self.vocab_ids is None or int(self.vocab_ids[index]) == token):
+        for i, index in enumerate(indices):
+            if 0 <= index < law.shape[-1]:
                 law[i] = 0
                 law[i, index] = 1
                 self.looked_up += 1
