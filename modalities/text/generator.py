@@ -46,7 +46,7 @@ def default_method(model: str | None, draft: str | None) -> str:
     """What a text request without a method gets (`model`/`draft` as given, None for the defaults): the draft
     model when there is one, else prompt lookup (lossless, and never slower than a plain step when nothing
     matches). On Gemma prompt lookup stays the default even with the shipped draft: it is the fastest method
-    measured there (benchmarks/text-gemma-latest.md: `ngram` 1.68x, `draft-lookup` 1.34x, `draft` 0.90x)."""
+    measured there (benchmarks/text-gemma-latest.md: `ngram` 1.88x, `draft-lookup` 1.59x, `draft` 1.07x)."""
     if model is None:
         model, draft = default_models()[0], draft or default_models()[1]
     if draft is None or model == gemma.ALIAS or gemma.is_served(model):

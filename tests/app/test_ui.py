@@ -304,3 +304,29 @@ def test_every_request_hands_freed_memory_back(monkeypatch):
     if ui_models._glibc() is not None:  # glibc: the arena cap is accepted and trimming runs
         assert ui_models.limit_malloc_arenas(8) is True
         ui_models.release_freed_memory()
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/status"), reason="reads /proc")
+def test_resident_memory_after_200_requests_stays_within_2_percent_of_after_20(client):
+    """Mixed tabs on the tiny models, served in this process: what the app keeps between requests must not grow
+    (benchmarks/memory-app.md runs the same check on the default models through `specgen demo`)."""
+    import gc
+
+    requests = [("/generate_text", dict(prompt="ab ab ab", method="ngram", max_new_tokens=12)),
+                ("/generate_image", dict(prompt="red K on blue", method="mc-sjd", window=4, temperature=1.0)),
+                ("/generate_text", dict(prompt="ab", method="draft", max_new_tokens=12, temperature=1.0)),
+                ("/generate_speech", dict(text="hello there", method="sd", temperature=1.0)),
+                ("/generate_video", dict(prompt="red K moving right", method="mc-sjd", window=8, temperature=1.0))]
+    marks = {}
+    for index in range(1, 201):
+        api, kwargs = requests[index % len(requests)]
+        client.predict(**kwargs, seed=index, compare=index % 10 == 0, api_name=api)
+        if index in (20, 200):
+            gc.collect()
+            marks[index] = _rss_mb()
+    assert marks[200] <= 1.02 * marks[20], marks
