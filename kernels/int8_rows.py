@@ -13,11 +13,11 @@ the widening is exact, so the result is the same bit for bit.
 Where the CPU has AVX-512F the same scheme also runs 16 lanes wide (32 registers, so bigger blocks): a layer whose
 K is a multiple of 16 always takes that path, whatever M, so row invariance holds within it (its sums differ
 from the 8-lane path's, so the two are never mixed in one layer). On Gemma 3's output layer 4 and 6 rows then
-cost about 19 and 22 ms instead of 32 and 43, and its other layers about half (benchmarks/int8-kernel-latest.md;
+cost about 9 and 14 ms instead of 19 and 26 (with prefetching), and its other layers about half (benchmarks/int8-kernel-latest.md;
 one row is bound by memory bandwidth either way).
 
 Each block first prefetches the int8 rows PREFETCH_BLOCKS blocks ahead: on Gemma's 168 MB output layer the
-hardware prefetcher alone read about 13 GB/s on one core here, and one row took 18 ms where it now takes about 8
+hardware prefetcher alone read about 13 GB/s on one core here, and one row took 18 ms where it now takes about 7.5
 (benchmarks/int8-kernel-latest.md). Prefetching changes no arithmetic.
 
 The extension compiles once with torch's `cpp_extension` (g++ and ninja; about 40 s) into torch's extension
