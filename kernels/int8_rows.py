@@ -5,8 +5,8 @@ one AVX2 accumulator fed k = 0, 8, 16, ... in order and one fixed horizontal sum
 M: blocking over rows (up to 6 per pass over the weights) and over outputs changes the speed, never a bit of
 the result. That is what makes speculative verification of the served model exact: a token scored in a
 window of 6 gets the logits it gets alone. Up to 12 rows it streams the int8 weights once per 6 rows, so on
-Gemma 3's 262,144 x 640 output layer (1 thread, AVX2) 1, 4 and 6 rows cost about 31, 39 and 44 ms, against
-31, 48 and 86 ms for `torch._weight_int8pack_mm`, whose 4-row blocks re-read the weights. Past 12 rows
+Gemma 3's 262,144 x 640 output layer (1 thread, AVX2, on an earlier machine and before prefetching) 1, 4 and 6
+rows cost about 31, 39 and 44 ms, against 31, 48 and 86 ms for `torch._weight_int8pack_mm`, whose 4-row blocks re-read the weights. Past 12 rows
 (prompts, batches) it widens a block of weight rows to float once into cache and runs every row against it;
 the widening is exact, so the result is the same bit for bit.
 
