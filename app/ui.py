@@ -179,6 +179,16 @@ class TextModels(LazyGenerator):
         loaded = getattr(self._generator, "default_method", None)
         return loaded or default_method(self._model, self._draft)
 
+    def knob_value(self, knob, method: str):
+        """What the Text tab shows for `knob` under `method`: the text model's own preference (Gemma's measured
+        draft lengths), else the registry's default; known without loading anything."""
+        from specgen.modalities.text.generator import knob_defaults
+
+        if method not in registry.method_names("text"):
+            return knob.default
+        model = self._generator.model_path if self._generator is not None else self._model
+        return knob_defaults(model, registry.get_method("text", method)).get(knob.name, knob.default)
+
     def _converting(self, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
         self.conversion = message
@@ -283,18 +293,20 @@ def _knob_choices(knob) -> list | None:
     return None
 
 
-def _knob_component(gr, knob, visible: bool):
-    """One widget per registry knob: a slider for bounded integers, a dropdown for named choices."""
+def _knob_component(gr, knob, visible: bool, value=None):
+    """One widget per registry knob: a slider for bounded integers, a dropdown for named choices. `value`: the
+    initial value (default: the registry's)."""
     label, elem_id = knob.name.replace("_", " "), f"text-{knob.name.replace('_', '-')}"
+    value = knob.default if value is None else value
     common = dict(label=label, info=knob.help, visible=visible, elem_id=elem_id)
     if knob.type is int and knob.minimum is not None and knob.maximum is not None:
-        return gr.Slider(int(knob.minimum), int(knob.maximum), value=knob.default, step=1, **common)
+        return gr.Slider(int(knob.minimum), int(knob.maximum), value=value, step=1, **common)
     if knob.type in (int, float):
-        return gr.Number(value=knob.default, **common)
+        return gr.Number(value=value, **common)
     choices = _knob_choices(knob)
-    if choices and knob.default in choices:
-        return gr.Dropdown(choices, value=knob.default, **common)
-    return gr.Textbox(value=str(knob.default), **common)
+    if choices and value in choices:
+        return gr.Dropdown(choices, value=value, **common)
+    return gr.Textbox(value=str(value), **common)
 
 
 def make_text_runner(text_models: TextModels, knobs: list):
@@ -466,7 +478,9 @@ def build_demo(text_generator=None, *, model: str | None = None, draft: str | No
                             run = gr.Button("Run", variant="primary", elem_id="text-run")
                             stop = gr.Button("Stop", variant="stop", elem_id="text-stop")
                         with gr.Accordion("Settings", open=True):
-                            knob_inputs = [_knob_component(gr, knob, knob.name in default_own) for knob in knobs]
+                            knob_inputs = [_knob_component(gr, knob, knob.name in default_own,
+                                                           text_models.knob_value(knob, default_method))
+                                           for knob in knobs]
                             temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="temperature",
                                                     info="0 means greedy", elem_id="text-temperature")
                             top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="top-p",
@@ -497,7 +511,9 @@ def build_demo(text_generator=None, *, model: str | None = None, draft: str | No
         # ---- wiring ----
         def show_knobs(name):
             own = {k.name for k in registry.get_method("text", name).knobs} if name in text_methods else set()
-            return [gr.update(info=_method_info(name)), *(gr.update(visible=k.name in own) for k in knobs)]
+            # a method's knobs start from the text model's preferences (Gemma verifies short windows best)
+            return [gr.update(info=_method_info(name)),
+                    *(gr.update(visible=k.name in own, value=text_models.knob_value(k, name)) for k in knobs)]
 
         method.change(show_knobs, method, [method, *knob_inputs], queue=False, api_name=False)
         run_event = run.click(make_text_runner(text_models, knobs),

@@ -54,6 +54,15 @@ def default_method(model: str | None, draft: str | None) -> str:
     return "draft"
 
 
+def knob_defaults(model: str | None, spec) -> dict:
+    """Defaults the text model at `model` (None: the default one; the `gemma` alias or a served folder) prefers
+    over the registry's for method `spec`, known without loading it: Gemma's measured draft lengths."""
+    model = model or default_models()[0]
+    if model != gemma.ALIAS and not gemma.is_served(model):
+        return {}
+    return {"num_draft_tokens": gemma.MODEL_DRAFT_LENGTHS.get(spec.name, gemma.DRAFT_LENGTH)}
+
+
 def resolve_model_path(path: str) -> str:
     """`gemma` -> its served folder in the user cache (converted on first use); other paths unchanged."""
     return str(gemma.resolve()) if path == gemma.ALIAS else path
@@ -185,9 +194,7 @@ class TextGenerator:
 
     def knob_defaults(self, spec) -> dict:
         """Defaults this served model prefers over the registry's for method `spec` (only knobs it has)."""
-        if not gemma.is_served(self.model_path):
-            return {}
-        return {"num_draft_tokens": gemma.MODEL_DRAFT_LENGTHS.get(spec.name, gemma.DRAFT_LENGTH)}
+        return knob_defaults(self.model_path, spec)
 
     def resolve_knobs(self, spec, params: dict) -> dict:
         known = {knob.name for knob in spec.knobs}

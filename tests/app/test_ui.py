@@ -330,3 +330,19 @@ def test_resident_memory_after_200_requests_stays_within_2_percent_of_after_20(c
             gc.collect()
             marks[index] = _rss_mb()
     assert marks[200] <= 1.02 * marks[20], marks
+
+
+def test_the_text_tab_starts_knobs_from_the_served_models_preferences(tmp_path):
+    """On Gemma the draft-length slider starts at the measured best length of the chosen method (not the
+    registry's 5, which the request would then send); other models keep the registry default. Nothing loads."""
+    from specgen.app.ui import TextModels, _text_knobs
+    from specgen.modalities.text import gemma
+    from specgen.samplers import registry
+
+    knob = next(k for k in _text_knobs() if k.name == "num_draft_tokens")
+    on_gemma = TextModels(model=gemma.ALIAS)
+    assert on_gemma.knob_value(knob, "ngram") == gemma.DRAFT_LENGTH
+    assert on_gemma.knob_value(knob, "draft") == gemma.MODEL_DRAFT_LENGTHS["draft"]
+    assert not on_gemma.loaded
+    elsewhere = TextModels(model=str(tmp_path / "some-model"))
+    assert elsewhere.knob_value(knob, "ngram") == registry.get_method("text", "ngram").knobs[0].default == knob.default
