@@ -10,7 +10,7 @@ small torch calls per query and layer (about 1,000 per 4-slot Gemma forward).
 `seen` chooses the keys: None means slot j of n sees the first width - n + j + 1 columns (a chain after its
 cached context); otherwise a [rows, n, width] bool mask (tree slots, sliding windows, padded prompt rows).
 Float32 only; the C++ extension builds on first use beside the int8 kernel (same compiler requirements). Where
-it cannot build, callers keep the per-query loop.
+it cannot build, or for other dtypes, `reference` is the path.
 """
 
 from __future__ import annotations
@@ -147,15 +147,32 @@ def attend_queries(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, se
 
 def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, seen: torch.Tensor | None,
               scaling: float) -> torch.Tensor:
-    """The torch twin: one `scaled_dot_product_attention` call per query over the keys it sees."""
+    """The torch twin, and the path where the kernel cannot run: one `scaled_dot_product_attention` call per
+    query over the keys it sees (read in place where they form one run, gathered otherwise); a query's heads
+    attend together as the rows of one call. Shapes, and so sums, depend only on what the query sees."""
     rows, heads, n, d = q.shape
     kv_heads, width = keys.shape[1], keys.shape[2]
     out = q.new_empty(rows, n, heads * d)
-    for row in range(rows):
-        for slot in range(n):
-            columns = (torch.arange(width - n + slot + 1) if seen is None else seen[row, slot].nonzero().flatten())
-            query = q[row, :, slot].reshape(1, kv_heads, heads // kv_heads, d)
-            attended = F.scaled_dot_product_attention(query, keys[row, :, columns][None], values[row, :, columns][None],
-                                                      scale=scaling)
-            out[row, slot] = attended.reshape(-1)
+    for row, slot, columns in _visible_columns(seen, rows, n, width):
+        query = q[row, :, slot].reshape(1, kv_heads, heads // kv_heads, d)
+        if isinstance(columns, slice):  # a chain slot sees one run of keys
+            seen_keys, seen_values = keys[row, :, columns], values[row, :, columns]
+        else:
+            seen_keys, seen_values = keys[row].index_select(1, columns), values[row].index_select(1, columns)
+        attended = F.scaled_dot_product_attention(query, seen_keys[None], seen_values[None], scale=scaling)
+        out[row, slot] = attended.reshape(-1)
     return out
+
+
+def _visible_columns(seen, rows: int, n: int, width: int) -> list[tuple[int, int, slice | torch.Tensor]]:
+    """(row, slot, key columns) for every query: a slice where they form one run (every chain slot, cached
+    keys in a sliding window included), else indices. Without a mask slot j sees the first width - n + j + 1."""
+    if seen is None:
+        return [(row, slot, slice(0, width - n + slot + 1)) for row in range(rows) for slot in range(n)]
+    count = seen.sum(-1)
+    first = seen.int().argmax(-1)
+    last = width - 1 - seen.flip(-1).int().argmax(-1)
+    runs = (last - first + 1 == count).tolist()
+    first, last = first.tolist(), last.tolist()
+    return [(row, slot, slice(first[row][slot], last[row][slot] + 1) if runs[row][slot]
+             else seen[row, slot].nonzero().flatten()) for row in range(rows) for slot in range(n)]

@@ -71,12 +71,9 @@ class GemmaRunner:
         logits then do not depend on whether its context was prefilled or decoded, or on the other rows."""
         hidden = self.embed(tokens)  # [rows, n, d]
         rows, n = tokens.shape
-        kinds = {layer["type"] for layer in self.layers}
-        if self._kernel(hidden):  # every query in one call: the keys each sees, as a mask (None: the prefix rule)
-            visible = {kind: None if attention_mask is None else attention_mask[kind][:, 0] == 0 for kind in kinds}
-        else:
-            visible = {kind: _visible_keys(None if attention_mask is None else attention_mask[kind], rows, n,
-                                           cache.width) for kind in kinds}
+        # per layer type, the keys each query sees: None (the prefix rule) or a [rows, n, width] bool mask
+        visible = {kind: None if attention_mask is None else attention_mask[kind][:, 0] == 0
+                   for kind in {layer["type"] for layer in self.layers}}
         rotary = {kind: self.rotary(hidden, positions, kind) for kind in visible}  # cos, sin: [rows, n, head_dim]
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         for index, layer in enumerate(self.layers):
@@ -102,43 +99,14 @@ class GemmaRunner:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
 
-    def _kernel(self, hidden: torch.Tensor) -> bool:
-        return self.use_kernel and hidden.dtype == torch.float32 and query_attention.available()
-
-    def _attend(self, q, keys, values, visible, scaling) -> torch.Tensor:
-        """q: [rows, heads, n, head_dim]; keys/values: [rows, kv_heads, width, head_dim]; visible: per (row, slot)
-        the key columns it sees (a range, or indices for tree slots). One query at a time, so shapes (and sums)
-        depend only on what it sees; a query's heads attend together as the rows of one call."""
-        if not isinstance(visible, list):  # the compiled kernel: the same per-query arithmetic in one call
-            return query_attention.attend_queries(q if q.stride(-1) == 1 else q.contiguous(), keys, values, visible,
+    def _attend(self, q, keys, values, seen, scaling) -> torch.Tensor:
+        """q: [rows, heads, n, head_dim]; keys/values: [rows, kv_heads, width, head_dim]; seen: None or [rows, n,
+        width] bool. One query at a time (`kernels.query_attention`): the compiled kernel in float32 where it
+        builds, else one scaled_dot_product_attention call per query; the same arithmetic for every window."""
+        if self.use_kernel and q.dtype == torch.float32 and query_attention.available():
+            return query_attention.attend_queries(q if q.stride(-1) == 1 else q.contiguous(), keys, values, seen,
                                                   scaling)
-        rows, _, n, head_dim = q.shape
-        group = self.heads // self.kv_heads
-        out = q.new_empty(rows, n, self.heads * head_dim)
-        for row, slot, columns in visible:
-            query = q[row, :, slot].reshape(1, self.kv_heads, group, head_dim)
-            if isinstance(columns, slice):  # a chain slot sees one run of keys: read it in place
-                seen_keys, seen_values = keys[row, :, columns], values[row, :, columns]
-            else:
-                seen_keys, seen_values = keys[row].index_select(1, columns), values[row].index_select(1, columns)
-            attended = F.scaled_dot_product_attention(query, seen_keys[None], seen_values[None], scale=scaling)
-            out[row, slot] = attended.reshape(-1)
-        return out
-
-
-def _visible_keys(mask, rows: int, n: int, width: int) -> list[tuple[int, int, slice | torch.Tensor]]:
-    """(row, slot, key columns) for every query: a slice where they form one run (every chain slot, cached
-    keys in a sliding window included), else indices. Without a mask slot j sees the first width - n + j + 1."""
-    if mask is None:
-        return [(row, slot, slice(0, width - n + slot + 1)) for row in range(rows) for slot in range(n)]
-    seen = mask[:, 0] == 0  # [rows, n, width]; additive masks hold exactly 0 where a key is visible
-    count = seen.sum(-1)
-    first = seen.int().argmax(-1)
-    last = width - 1 - seen.flip(-1).int().argmax(-1)
-    runs = (last - first + 1 == count).tolist()
-    first, last = first.tolist(), last.tolist()
-    return [(row, slot, slice(first[row][slot], last[row][slot] + 1) if runs[row][slot]
-             else seen[row, slot].nonzero().flatten()) for row in range(rows) for slot in range(n)]
+        return query_attention.reference(q, keys, values, seen, scaling)
 
 
 def _norm(module) -> tuple[torch.Tensor, float]:
