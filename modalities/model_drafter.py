@@ -114,15 +114,15 @@ class ModelDrafter:
             else:
                 index = sample_categorical(law, counter_uniform(ctx.seed, ctx.sample_ids, positions + d, Purpose.DRAFT))
             token = index if self.vocab_ids is None else self.vocab_ids[index]
-            if prefixes is not None:
-                for prefix, t in zip(prefixes, token.tolist()):
-                    prefix.append(t)
-                fills = self._lookup_rows(prefixes)
             drafted.append(token)
             laws.append(law)
             if d + 1 < budget:  # the last drafted token is fed at the next catch-up, if it is accepted
+                if prefixes is not None:  # what lookup fills at the next slot
+                    for prefix, t in zip(prefixes, token.tolist()):
+                        prefix.append(t)
+                    fills = self._lookup_rows(prefixes)
                 unfed.append(token)
-                if defer and all(index >= 0 for index in fills):
+                if defer and all(row_index >= 0 for row_index in fills):
                     last = None
                     continue
                 feed = torch.stack(unfed, 1)  # [rows, u]
