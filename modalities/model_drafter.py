@@ -87,7 +87,8 @@ class ModelDrafter:
         # forward that would give it one is deferred; the next slot that needs the model feeds every deferred
         # token in one forward (the law it reads is the draft's law after the same context)
         defer = prefixes is not None and self.stop_policy is None
-        fills = self._lookup_rows(prefixes) if prefixes is not None else None
+        row_ids = rows.tolist()
+        fills = self._lookup_rows(prefixes, row_ids) if prefixes is not None else None
         unfed: list[torch.Tensor] = []  # drafted tokens not yet in the draft's cache
         fed, width = 0, 0
         for d in range(budget):
@@ -120,7 +121,7 @@ class ModelDrafter:
                 if prefixes is not None:  # what lookup fills at the next slot
                     for prefix, t in zip(prefixes, token.tolist()):
                         prefix.append(t)
-                    fills = self._lookup_rows(prefixes)
+                    fills = self._lookup_rows(prefixes, row_ids)
                 unfed.append(token)
                 if defer and all(row_index >= 0 for row_index in fills):
                     last = None
@@ -138,12 +139,12 @@ class ModelDrafter:
         self.confidence = torch.stack(confidence, 1)
         return Draft(torch.stack(drafted, 1), torch.stack(laws, 1), num_drafted=ragged, vocab_ids=self.vocab_ids)
 
-    def _lookup_rows(self, prefixes: list[list[int]]) -> list[int]:
+    def _lookup_rows(self, prefixes: list[list[int]], rows: list[int]) -> list[int]:
         """Per row, the draft index of the token lookup continues its context with, or -1 where it has none (a
         token outside a reduced vocabulary cannot be proposed: the model's law stays)."""
         indices = []
-        for prefix in prefixes:
-            token, index = self.lookup.next_token(prefix), -1
+        for prefix, row in zip(prefixes, rows):
+            token, index = self.lookup.next_token(prefix, row), -1
             if token is not None and self.to_draft is None:
                 index = token if token < self.engine.vocab_size else -1
             elif token is not None and token < len(self.to_draft):

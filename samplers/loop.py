@@ -59,7 +59,8 @@ def speculative_generate(target: TargetModel, drafter: Drafter | None, rule: Acc
             yield StepEvent(step, row, int(sample_ids[row]), tuple(tokens), tuple(sources),
                             int(verdict.num_drafted[i]), int(verdict.num_accepted[i]),
                             drafted - started, verified - drafted, finished, extra)
-        stats.update(verdict, committed_now, drafted - started, verified - drafted, window)
+        stats.update(verdict, committed_now, drafted - started, verified - drafted, window,
+                     proposal if isinstance(proposal, DraftTree) else None)
         active = [r for r in active if generated[r] < max_new_tokens and not (stop and int(context[r][-1]) in stop)]
         step += 1
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from specgen.samplers.types import TokenSource, Verdict
+import torch
+
+from specgen.samplers.types import DraftTree, TokenSource, Verdict
 
 
 def expected_tokens_per_step(alpha: float, gamma: float) -> float:
@@ -20,11 +22,6 @@ def ideal_speedup(alpha: float, gamma: float, cost_ratio: float) -> float:
     return expected_tokens_per_step(alpha, gamma) / (gamma * cost_ratio + 1.0)
 
 
-def measured_speedup(alpha: float, gamma: float, ar_step_s: float, draft_token_s: float, verify_s: float) -> float:
-    """E(alpha, gamma) * T_ar / (gamma * T_draft + T_verify(gamma)), all times measured."""
-    return expected_tokens_per_step(alpha, gamma) * ar_step_s / (gamma * draft_token_s + verify_s)
-
-
 @dataclass
 class SpecStats:
     """Accumulates over the steps of one run; `summary()` gives the `stats` dict of the CLI/API/bench."""
@@ -37,22 +34,31 @@ class SpecStats:
     committed: int = 0
     draft_s: float = 0.0
     verify_s: float = 0.0
+    draft_lengths: dict = field(default_factory=lambda: defaultdict(int))  # drafted tokens -> row verifications
     tested_at: list[int] = field(default_factory=list)  # per draft depth: drafted tokens that were tested
     accepted_at: list[int] = field(default_factory=list)
     verify_by_window: dict = field(default_factory=lambda: defaultdict(lambda: [0.0, 0]))  # n -> [seconds, count]
+    # trees: Sequoia's acceptance-by-rank model, measured. Per sibling rank r: accepted parents whose children were
+    # tested and that had a child of rank r, and how often that child was the accepted one; and every drafted
+    # node by the sibling ranks on its path (the tree's shape, pooled over steps)
+    rank_tested: list[int] = field(default_factory=list)
+    rank_accepted: list[int] = field(default_factory=list)
+    rank_paths: dict = field(default_factory=lambda: defaultdict(int))  # (r1, ..., rd) -> nodes
+    tree_rows: int = 0
     # relaxed rules (PCG, SSD): what exact token-level sampling would have accepted with the same drafts and uniforms
     acceptance_level: str = "token"  # "token" (exact), "group" (PCG) or "tolerance" (SSD)
     exact_accepted: int = 0
     exact_rejections: int = 0
 
-    def update(self, verdict: Verdict, committed: int, draft_s: float, verify_s: float, window: int) -> None:
+    def update(self, verdict: Verdict, committed: int, draft_s: float, verify_s: float, window: int,
+               tree: DraftTree | None = None) -> None:
         self.steps += 1
+        if tree is not None and verdict.accepted_path is not None:
+            self.record_tree(tree, verdict.accepted_path)
         self.row_steps += int(verdict.num_accepted.numel())
-        self.drafted += int(verdict.num_drafted.sum())
-        accepted = verdict.num_accepted.tolist()
         rejected = (verdict.source == TokenSource.RECOVERED).any(-1).tolist()
-        for n_acc, rej in zip(accepted, rejected):
-            self.record_row(0, n_acc, rej)
+        for n_drafted, n_acc, rej in zip(verdict.num_drafted.tolist(), verdict.num_accepted.tolist(), rejected):
+            self.record_row(n_drafted, n_acc, rej)
         if verdict.exact_accepted is not None:
             self.acceptance_level = "group" if verdict.groups is not None else "tolerance"
             self.exact_accepted += int(verdict.exact_accepted.sum())
@@ -66,6 +72,7 @@ class SpecStats:
     def record_row(self, drafted: int, accepted: int, rejected: bool) -> None:
         """One row's verification: per-depth counts stop at the first rejection (later drafts were never tested)."""
         self.drafted += drafted
+        self.draft_lengths[drafted] += 1
         self.accepted += accepted
         self.rejections += int(rejected)
         depth = accepted + int(rejected)
@@ -75,6 +82,55 @@ class SpecStats:
         for d in range(depth):
             self.tested_at[d] += 1
             self.accepted_at[d] += int(d < accepted)
+
+    def record_tree(self, tree: DraftTree, accepted_path: torch.Tensor) -> None:
+        """One step's trees: their shapes by sibling-rank paths, and which rank was accepted below each accepted
+        node whose children were tested (a row stops where no child is accepted or at a leaf)."""
+        ranks, parents = tree.sibling_rank.tolist(), tree.verified_parents.tolist()  # -2: never tested
+        for b, path in enumerate(accepted_path.tolist()):
+            self.tree_rows += 1
+            rank_path: dict[int, tuple[int, ...]] = {0: ()}
+            children: dict[int, list[int]] = {}
+            for node in range(1, tree.num_nodes):
+                if parents[b][node] >= 0:
+                    rank_path[node] = rank_path[parents[b][node]] + (ranks[b][node],)
+                    self.rank_paths[rank_path[node]] += 1
+                    children.setdefault(parents[b][node], []).append(node)
+            path = [n for n in path if n >= 0]
+            for depth, node in enumerate(path):
+                kids = children.get(node)
+                if not kids:
+                    break
+                while len(self.rank_tested) < len(kids):
+                    self.rank_tested.append(0)
+                    self.rank_accepted.append(0)
+                for r in range(len(kids)):
+                    self.rank_tested[r] += 1
+                if depth + 1 < len(path):
+                    self.rank_accepted[ranks[b][path[depth + 1]]] += 1
+
+    def tree_expected_tokens(self) -> float | None:
+        """Sequoia's F(T) with the measured acceptance-by-rank vector a: tokens per step = 1 + the sum over
+        drafted nodes of the product of a over the ranks on their path, averaged over the steps' trees."""
+        if not self.tree_rows:
+            return None
+        accept = [a / t if t else 0.0 for a, t in zip(self.rank_accepted, self.rank_tested)]
+        total = 0.0
+        for path, nodes in self.rank_paths.items():
+            product = 1.0
+            for r in path:
+                product *= accept[r] if r < len(accept) else 0.0
+            total += nodes * product
+        return 1.0 + total / self.tree_rows
+
+    def expected_tokens(self, alpha: float) -> float:
+        """E(alpha, gamma) averaged over the row verifications' own draft lengths: a drafter whose length varies
+        (prompt lookup drafts nothing without a match, a stop rule cuts chains short) commits that many tokens
+        per step under i.i.d. acceptance, fewer than E at the mean length (E is concave in gamma)."""
+        rows = sum(self.draft_lengths.values())
+        if not rows:
+            return expected_tokens_per_step(alpha, 0.0)
+        return sum(count * expected_tokens_per_step(alpha, length) for length, count in self.draft_lengths.items()) / rows
 
     def mean_verify_s(self, window: int) -> float | None:
         seconds, count = self.verify_by_window.get(window, (0.0, 0))
@@ -88,9 +144,11 @@ class SpecStats:
         draft_token_s = self.draft_s / self.drafted if self.drafted else 0.0
         ideal = measured = None
         if alpha is not None and step_s:
-            ideal = ideal_speedup(alpha, gamma, draft_token_s / (ar_step_s or step_s))
+            tree_expected = self.tree_expected_tokens()
+            expected = tree_expected if tree_expected is not None else self.expected_tokens(alpha)
+            ideal = expected / (gamma * draft_token_s / (ar_step_s or step_s) + 1.0)
             if ar_step_s:
-                measured = measured_speedup(alpha, gamma, ar_step_s, draft_token_s, step_s)
+                measured = expected * ar_step_s / (gamma * draft_token_s + step_s)
         relaxed = {}
         # relaxed rules: the acceptance figures are the relaxed rule's; exact sampling's on the same drafts go beside
         if self.acceptance_level != "token":

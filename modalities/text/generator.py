@@ -54,13 +54,29 @@ def default_method(model: str | None, draft: str | None) -> str:
     return "draft"
 
 
+# The shipped code pair's draft lengths: the cost model's choices from its measured T_verify(n) and T_draft, each
+# within 2 % of the fastest fixed length of a sweep (benchmarks/draft-length-code.md). Verifying 13 tokens costs
+# this small target under twice a plain step, so long drafts pay; Gemma's output layer makes them cost more there.
+CODE_DRAFT_LENGTHS = {"ngram": 12, "draft": 8, "draft-lookup": 8}
+
+
 def knob_defaults(model: str | None, spec) -> dict:
     """Defaults the text model at `model` (None: the default one; the `gemma` alias or a served folder) prefers
-    over the registry's for method `spec`, known without loading it: Gemma's measured draft lengths."""
+    over the registry's for method `spec`, known without loading it: the measured draft lengths of Gemma and
+    of the shipped code target."""
     model = model or default_models()[0]
-    if model != gemma.ALIAS and not gemma.is_served(model):
-        return {}
-    return {"num_draft_tokens": gemma.MODEL_DRAFT_LENGTHS.get(spec.name, gemma.DRAFT_LENGTH)}
+    if model == gemma.ALIAS or gemma.is_served(model):
+        return {"num_draft_tokens": gemma.MODEL_DRAFT_LENGTHS.get(spec.name, gemma.DRAFT_LENGTH)}
+    if spec.name in CODE_DRAFT_LENGTHS and _is_shipped_code_target(model):
+        return {"num_draft_tokens": CODE_DRAFT_LENGTHS[spec.name]}
+    return {}
+
+
+def _is_shipped_code_target(model: str) -> bool:
+    try:
+        return Path(model).resolve() == (assets_dir() / "code" / "target").resolve()
+    except OSError:
+        return False
 
 
 def resolve_model_path(path: str) -> str:
@@ -251,7 +267,7 @@ class TextGenerator:
                                 unknown_id=0 if reduced is None else len(reduced), lookup=lookup,
                                 int8_head=gemma.is_served(self.model_path))
         if kind == "ngram":
-            return PromptLookupDrafter(knobs["max_matching_ngram_size"])
+            return PromptLookupDrafter(knobs["max_matching_ngram_size"], knobs["min_matching_ngram_size"])
         if kind is not None and kind.startswith("tree-"):
             from specgen.modalities.tree_drafter import tree_drafter
 

@@ -344,5 +344,11 @@ def test_the_text_tab_starts_knobs_from_the_served_models_preferences(tmp_path):
     assert on_gemma.knob_value(knob, "ngram") == gemma.DRAFT_LENGTH
     assert on_gemma.knob_value(knob, "draft") == gemma.MODEL_DRAFT_LENGTHS["draft"]
     assert not on_gemma.loaded
+    from specgen.modalities.assets import assets_dir
+    from specgen.modalities.text.generator import CODE_DRAFT_LENGTHS
+
+    on_code = TextModels(model=str(assets_dir() / "code" / "target"))
+    assert on_code.knob_value(knob, "ngram") == CODE_DRAFT_LENGTHS["ngram"] != knob.default
+    assert on_code.knob_value(knob, "svip") == knob.default  # no measurement for it: the slider's default
     elsewhere = TextModels(model=str(tmp_path / "some-model"))
     assert elsewhere.knob_value(knob, "ngram") == registry.get_method("text", "ngram").knobs[0].default == knob.default

@@ -10,7 +10,7 @@ from tiny_models import save_tiny
 from specgen.app.cli import main
 from specgen.errors import InvalidRequest, ModelNotFound, VocabularyMismatch
 from specgen.modalities.text.generator import TextGenerator
-from specgen.modalities.text.ngram import LookupSlots, PromptLookupDrafter, lookup
+from specgen.modalities.text.ngram import LookupSlots, NgramIndex, PromptLookupDrafter, lookup
 from specgen.samplers.types import DecodeContext
 
 
@@ -22,17 +22,34 @@ def pair(tmp_path_factory):
     return save_tiny(root / "target", 0), save_tiny(root / "draft", 1, layers=1, hidden=16)
 
 
-def test_lookup_takes_the_latest_longest_match():
-    assert lookup([1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3], 3, 2) == [7, 1]
-    assert lookup([5, 6, 7, 6], 3, 3) == [7, 6]  # falls back to a 1-gram
+def test_lookup_drafts_the_most_frequent_follower_of_the_longest_match():
+    assert lookup([1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3], 3, 2) == [7, 1]  # a tie: the latest occurrence
+    assert lookup([1, 2, 5, 1, 2, 5, 1, 2, 6, 1, 2], 2, 1) == [5]  # (1, 2) was followed by 5 twice, 6 once
+    assert lookup([4, 1, 2, 5, 3, 2, 6, 1, 2], 2, 1) == [5]  # the 2-gram (1, 2) outranks the 1-gram (2)
+    assert lookup([5, 6, 7, 6], 3, 3, 1) == [7, 6, 7]  # the first slot falls back to a 1-gram
+    assert lookup([5, 6, 7, 6], 3, 3, 2) == [7, 6, 7]  # (6, 7) matches, then (6, 7, 6) with the drafts
+    assert lookup([5, 6, 7, 6], 3, 3, 3) == [7]  # later slots need a 3-gram: (7, 6, 7) never occurred
     assert lookup([1, 2, 3], 3, 4) == []
+
+
+def test_ngram_index_rolls_back_to_the_list_it_is_asked_about():
+    """One index asked about lists that grow, shrink (rejected drafts) and change gives what a fresh one does."""
+    rng = torch.Generator().manual_seed(0)
+    index, tokens = NgramIndex(3), []
+    for _ in range(400):
+        cut = int(torch.randint(0, len(tokens) + 1, (1,), generator=rng))
+        grow = torch.randint(0, 4, (int(torch.randint(0, 6, (1,), generator=rng)),), generator=rng).tolist()
+        tokens = tokens[:cut] + grow if len(tokens) < 60 else grow
+        for min_ngram in (1, 2):
+            assert index.follower(tokens, min_ngram) == NgramIndex(3).follower(tokens, min_ngram)
+        assert index.tokens == tokens
 
 
 def test_prompt_lookup_drafter_is_ragged():
     ctx = DecodeContext([torch.tensor([1, 2, 1]), torch.tensor([4, 5, 6])], torch.arange(2), torch.arange(2))
     draft = PromptLookupDrafter(2).propose(ctx, 3)
-    assert draft.draft_probs is None and draft.drafted().tolist() == [2, 0]
-    assert draft.tokens[0, :2].tolist() == [2, 1]
+    assert draft.draft_probs is None and draft.drafted().tolist() == [3, 0]
+    assert draft.tokens[0].tolist() == [2, 1, 2]  # each slot looks up again with the drafted tokens appended
 
 
 def test_lookup_slots_need_a_repeated_ngram_of_the_minimum_length():

@@ -16,9 +16,9 @@ from specgen.samplers.loop import generate
 from specgen.samplers.noise import Purpose, chain_noise, counter_exponential, counter_uniform, tree_noise
 from specgen.samplers.policies import FixedLength, HeuristicLength, make_policy
 from specgen.samplers.processing import Processing
-from specgen.samplers.stats import SpecStats, expected_tokens_per_step, ideal_speedup, measured_speedup
+from specgen.samplers.stats import SpecStats, expected_tokens_per_step, ideal_speedup
 from specgen.samplers.toy import TableLM, TableTarget
-from specgen.samplers.types import Verdict
+from specgen.samplers.types import DraftTree, Verdict
 
 N = 100_000
 CHUNK = 10_000  # keep each call small: large elementwise int64 ops are slow when CPU threads are oversubscribed
@@ -283,11 +283,6 @@ def test_ideal_speedup_worked_values():
     assert ideal_speedup(0.0, 4, 0.0) == 1.0
 
 
-def test_measured_speedup():
-    # E(0.5, 2) = 1.75; 1.75 * 0.1 / (2 * 0.01 + 0.12)
-    assert measured_speedup(0.5, 2, 0.1, 0.01, 0.12) == pytest.approx(1.75 * 0.1 / 0.14)
-
-
 def _verdict(tokens, num_accepted, num_drafted):
     return Verdict.from_chain(torch.tensor(tokens), torch.tensor(num_accepted), torch.tensor(num_drafted))
 
@@ -314,9 +309,23 @@ def test_spec_stats_on_hand_made_verdicts():
     assert summary["verify_s_by_window"] == pytest.approx({4: 0.1, 5: 0.2})
     assert summary["wall_s"] == 2.0
     draft_token_s, step_s = 0.15 / 13, 0.3 / 2
-    assert summary["predicted_speedup_ideal"] == pytest.approx(ideal_speedup(7 / 9, 13 / 4, draft_token_s / 0.08))
+    # E(alpha, gamma) over the four rows' own draft lengths 4, 4, 2 and 3, not at their mean 13/4
+    expected = sum(expected_tokens_per_step(7 / 9, g) for g in (4, 4, 2, 3)) / 4
+    assert expected < expected_tokens_per_step(7 / 9, 13 / 4)
+    assert summary["predicted_speedup_ideal"] == pytest.approx(expected / (13 / 4 * draft_token_s / 0.08 + 1))
+    assert summary["predicted_speedup_measured"] == pytest.approx(expected * 0.08 / (13 / 4 * draft_token_s + step_s))
+
+
+def test_predicted_speedups_of_a_fixed_length_are_leviathans():
+    stats = SpecStats()
+    for _ in range(3):
+        stats.update(_verdict([[1, 2, 3, 4], [5, 9, -1, -1]], [3, 1], [3, 3]), committed=6, draft_s=0.03,
+                     verify_s=0.1, window=4)
+    summary = stats.summary(method="draft", lossless=True, wall_s=1.0, ar_step_s=0.05)
+    alpha, draft_token_s = 4 / 5, 0.09 / 18
+    assert summary["predicted_speedup_ideal"] == pytest.approx(ideal_speedup(alpha, 3, draft_token_s / 0.05))
     assert summary["predicted_speedup_measured"] == pytest.approx(
-        measured_speedup(7 / 9, 13 / 4, 0.08, draft_token_s, step_s))
+        expected_tokens_per_step(alpha, 3) * 0.05 / (3 * draft_token_s + 0.1))
 
 
 def test_spec_stats_plain_decoding():
@@ -372,3 +381,21 @@ def test_make_policy():
     assert isinstance(make_policy("heuristic", 4), HeuristicLength) and make_policy("heuristic", 4).next_length() == 4
     with pytest.raises(InvalidRequest):
         make_policy("no-such-schedule", 4)
+
+
+def test_tree_prediction_uses_the_measured_acceptance_by_rank():
+    """Sequoia's F(T) from the measured vector: root children of ranks 0 and 1, a grandchild under rank 0.
+    Steps accept (rank 0, then its child), (rank 1), (nothing): rank 0 is accepted 2 of 4 times its parent was
+    tested, rank 1 once of 3, so a step expects 1 + a0 + a1 + a0 * a0 tokens."""
+    tree = DraftTree.from_parents([5, 6, 7, 8], [-1, 0, 0, 1])
+    stats = SpecStats()
+    for path, accepted in (([0, 1, 3], 2), ([0, 2, -1], 1), ([0, -1, -1], 0)):
+        verdict = Verdict.from_chain(torch.tensor([[1] * (accepted + 1) + [-1] * (2 - accepted)]),
+                                     torch.tensor([accepted]), torch.tensor([3]), accepted_path=torch.tensor([path]))
+        stats.update(verdict, committed=accepted + 1, draft_s=0.01, verify_s=0.1, window=4, tree=tree)
+    assert stats.rank_tested == [4, 3] and stats.rank_accepted == [2, 1]
+    a0, a1 = 0.5, 1 / 3
+    assert stats.tree_expected_tokens() == pytest.approx(1 + a0 + a1 + a0 * a0)
+    summary = stats.summary(method="sequoia", lossless=True, wall_s=1.0, ar_step_s=0.05)
+    assert summary["tau"] == pytest.approx(2.0)
+    assert summary["predicted_speedup_measured"] == pytest.approx((1 + a0 + a1 + a0 * a0) * 0.05 / (0.01 + 0.1))
