@@ -67,15 +67,16 @@ class LlamaRunner:
         """The layers and the final norm over input vectors `hidden` [rows, n, d]; returns [rows, n, d]."""
         rows, n = hidden.shape[:2]
         cos, sin = self.rotary(hidden, positions)  # [rows, n, head_dim]
-        cos, sin = cos[:, None], sin[:, None]
+        cos, sin = cos[:, :, None], sin[:, :, None]  # over the heads of q and k together
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         for index, layer in enumerate(self.layers):
             x = _rms_norm(hidden, *layer["norm_in"])
-            q, k, v = F.linear(x, layer["qkv"]).split([q_size, kv_size, kv_size], dim=-1)
-            q = q.view(rows, n, self.heads, self.head_dim).transpose(1, 2)  # (B, nh, n, hd)
-            k = k.view(rows, n, self.kv_heads, self.head_dim).transpose(1, 2)
+            qk, v = F.linear(x, layer["qkv"]).split([q_size + kv_size, kv_size], dim=-1)
+            qk = qk.view(rows, n, self.heads + self.kv_heads, self.head_dim)
+            qk = qk * cos + rotate_half(qk) * sin  # rope on q and k in one pass: fewer ops per layer
+            q = qk[:, :, :self.heads].transpose(1, 2)  # (B, nh, n, hd)
+            k = qk[:, :, self.heads:].transpose(1, 2)
             v = v.view(rows, n, self.kv_heads, self.head_dim).transpose(1, 2)
-            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
             keys, values = cache.update(k, v, index)  # (B, nkv, width, hd)
             attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=attention_mask,
                                                       scale=layer["scaling"], enable_gqa=self.heads != self.kv_heads)
@@ -87,7 +88,10 @@ class LlamaRunner:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # as transformers' LlamaRMSNorm: statistics in float32, weight applied in the input dtype
+    # as transformers' LlamaRMSNorm: statistics in float32 (float64 inputs too), weight applied in the input
+    # dtype; in float32 that is one fused op
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     x32 = x.float()
     normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * normed.to(x.dtype)
