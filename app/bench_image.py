@@ -34,11 +34,10 @@ DEFAULT_METHODS = ("ar", "sjd", "mc-sjd", "gumbel-sjd")
 
 def token_entropy(generator, prompt: str, tokens: list[int]) -> float:
     """Mean entropy (nats) of the processed target law over the image slots, teacher-forced on `tokens`."""
-    from specgen.modalities.transformers_adapter import TransformersTarget
     from specgen.samplers.guided import GuidedTarget
 
     processing = generator.processing()
-    target = TransformersTarget(generator.model)
+    target = generator.engine()
     if processing.guidance_scale is not None:
         target = GuidedTarget(target, lambda _: generator.vocab.uncond_ids())
     ids = generator.vocab.prompt_ids(prompt)
@@ -334,7 +333,9 @@ def bench_image(args) -> int:
     modality = getattr(args, "modality", "image")
     if getattr(args, "max_new_tokens", None) is not None:
         raise InvalidRequest(f"--max-new-tokens does not apply to {modality}: every run generates one whole {modality}")
-    out_dir = getattr(args, "out_dir", None) or benchmarks_dir()
+    from specgen.app.bench_text import checked_out_dir
+
+    out_dir = checked_out_dir(Path(getattr(args, "out_dir", None) or benchmarks_dir()))
     if modality == "image":
         from specgen.app.bench_lantern import HEAD_METHODS, bench_lantern
 

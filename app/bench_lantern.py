@@ -307,8 +307,9 @@ def bench_lantern(args, methods) -> dict:
                       "command": "specgen " + " ".join(getattr(args, "argv", []))}}
     import shutil
 
-    out_dir = Path(getattr(args, "out_dir", None) or benchmarks_dir())
-    out_dir.mkdir(parents=True, exist_ok=True)
+    from specgen.app.bench_text import checked_out_dir
+
+    out_dir = checked_out_dir(Path(getattr(args, "out_dir", None) or benchmarks_dir()))
     base = out_dir / f"bench-image-lantern-{stamp}"
     base.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")  # first: nothing measured is lost
     plot_frontier(base.with_suffix(".png"), result)

@@ -631,7 +631,8 @@ def plot_png(path: Path, methods: dict[str, dict]) -> None:
 
 # ---- the command -------------------------------------------------------------------------------------------------
 
-def _out_dir(path: Path) -> Path:
+def checked_out_dir(path: Path) -> Path:
+    """`--out-dir`, created if needed; a clear error before any work where it cannot be written."""
     if path.exists() and not path.is_dir():
         raise InvalidRequest(f"--out-dir {path} is not a folder")
     try:
@@ -657,7 +658,7 @@ def run_bench(*, prompts_path: Path | None, methods: list[str] | None, max_new_t
 
     prompts_path = Path(prompts_path) if prompts_path else benchmarks_dir() / "prompts" / "text.jsonl"
     prompts = load_prompts(prompts_path)  # fails before any model loads
-    out_dir = _out_dir(Path(out_dir) if out_dir else benchmarks_dir())
+    out_dir = checked_out_dir(Path(out_dir) if out_dir else benchmarks_dir())
     max_new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS
     generator = TextGenerator(model=model, draft=draft, threads=threads)
     resolve = lambda spec: generator.resolve_knobs(spec, {})  # noqa: E731 - the served model's defaults apply

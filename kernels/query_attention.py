@@ -137,6 +137,15 @@ def available() -> bool:
     return load() is not None
 
 
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, seen: torch.Tensor | None, scaling: float,
+           use_kernel: bool = True) -> torch.Tensor:
+    """One query at a time, the same arithmetic for every window: the compiled kernel in float32 where it builds
+    (and `use_kernel`), else `reference`. Shapes as `attend_queries`."""
+    if use_kernel and q.dtype == torch.float32 and available():
+        return attend_queries(q if q.stride(-1) == 1 else q.contiguous(), keys, values, seen, scaling)
+    return reference(q, keys, values, seen, scaling)
+
+
 def attend_queries(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, seen: torch.Tensor | None,
                    scaling: float) -> torch.Tensor:
     """q [rows, heads, n, d]; keys, values [rows, kv_heads, width, d]; seen None or [rows, n, width] bool.

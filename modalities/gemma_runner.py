@@ -103,10 +103,7 @@ class GemmaRunner:
         """q: [rows, heads, n, head_dim]; keys/values: [rows, kv_heads, width, head_dim]; seen: None or [rows, n,
         width] bool. One query at a time (`kernels.query_attention`): the compiled kernel in float32 where it
         builds, else one scaled_dot_product_attention call per query; the same arithmetic for every window."""
-        if self.use_kernel and q.dtype == torch.float32 and query_attention.available():
-            return query_attention.attend_queries(q if q.stride(-1) == 1 else q.contiguous(), keys, values, seen,
-                                                  scaling)
-        return query_attention.reference(q, keys, values, seen, scaling)
+        return query_attention.attend(q, keys, values, seen, scaling, self.use_kernel)
 
 
 def _norm(module) -> tuple[torch.Tensor, float]:

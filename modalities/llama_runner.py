@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specgen.kernels import query_attention
+
 SUPPORTED = ("llama",)
 
 
@@ -25,13 +27,17 @@ class LlamaRunner:
     """`int8_head`: the output layer as int8 rows (`int8_linear`), a copy made here: a draft's head over a large
     vocabulary is most of its per-token cost at one row (memory-bound), and a quarter of the bytes is read."""
 
-    def __init__(self, model, int8_head: bool = False):
+    def __init__(self, model, int8_head: bool = False, matmul_dtype: torch.dtype | None = None):
         config, body = model.config, model.model
+        # `matmul_dtype` (bfloat16): the linear layers' weights and inputs in that dtype, their outputs and
+        # everything else (norms, rope, attention, residuals) in the model's own
+        self.matmul_dtype = matmul_dtype
+        cast = (lambda w: w.detach().to(matmul_dtype)) if matmul_dtype is not None else (lambda w: w)
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.embed, self.rotary = body.embed_tokens.weight, body.rotary_emb
         self.final_norm = (body.norm.weight, body.norm.variance_epsilon)
-        self.lm_head = model.lm_head.weight
+        self.lm_head = cast(model.lm_head.weight)
         self.head = None
         if int8_head:
             from specgen.modalities.int8_linear import Int8Linear
@@ -43,11 +49,11 @@ class LlamaRunner:
             attn, mlp = layer.self_attn, layer.mlp
             self.layers.append({
                 "norm_in": (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
-                "qkv": torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach(),
-                "out": attn.o_proj.weight,
+                "qkv": cast(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()),
+                "out": cast(attn.o_proj.weight),
                 "norm_post": (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon),
-                "gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
-                "down": mlp.down_proj.weight,
+                "gate_up": cast(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()),
+                "down": cast(mlp.down_proj.weight),
                 "scaling": attn.scaling,
             })
 
@@ -60,7 +66,7 @@ class LlamaRunner:
         if self.keep_hidden:
             self.last_hidden = hidden
         kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
-        return self.head(kept) if self.head is not None else F.linear(kept, self.lm_head)
+        return self.head(kept) if self.head is not None else self._linear(kept, self.lm_head)
 
     @torch.no_grad()
     def forward_hidden(self, hidden, positions, cache, attention_mask) -> torch.Tensor:
@@ -69,22 +75,35 @@ class LlamaRunner:
         cos, sin = self.rotary(hidden, positions)  # [rows, n, head_dim]
         cos, sin = cos[:, :, None], sin[:, :, None]  # over the heads of q and k together
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        # with bfloat16 linears, attention one query at a time (`kernels.query_attention`): rounding to bfloat16
+        # would turn SDPA's window-dependent last bits into different tokens
+        per_query = self.matmul_dtype is not None
+        seen = attention_mask[:, 0] == 0 if per_query and attention_mask is not None else None  # [rows, n, width]
         for index, layer in enumerate(self.layers):
             x = _rms_norm(hidden, *layer["norm_in"])
-            qk, v = F.linear(x, layer["qkv"]).split([q_size + kv_size, kv_size], dim=-1)
+            qk, v = self._linear(x, layer["qkv"]).split([q_size + kv_size, kv_size], dim=-1)
             qk = qk.view(rows, n, self.heads + self.kv_heads, self.head_dim)
             qk = qk * cos + rotate_half(qk) * sin  # rope on q and k in one pass: fewer ops per layer
             q = qk[:, :, :self.heads].transpose(1, 2)  # (B, nh, n, hd)
             k = qk[:, :, self.heads:].transpose(1, 2)
             v = v.view(rows, n, self.kv_heads, self.head_dim).transpose(1, 2)
             keys, values = cache.update(k, v, index)  # (B, nkv, width, hd)
-            attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=attention_mask,
-                                                      scale=layer["scaling"], enable_gqa=self.heads != self.kv_heads)
-            hidden = hidden + F.linear(attended.transpose(1, 2).reshape(rows, n, q_size), layer["out"])
+            if per_query:
+                attended = query_attention.attend(q, keys, values, seen, layer["scaling"])  # [B, n, nh * hd]
+            else:
+                attended = F.scaled_dot_product_attention(
+                    q, keys, values, attn_mask=attention_mask, scale=layer["scaling"],
+                    enable_gqa=self.heads != self.kv_heads).transpose(1, 2).reshape(rows, n, q_size)
+            hidden = hidden + self._linear(attended, layer["out"])
             x = _rms_norm(hidden, *layer["norm_post"])
-            gate, up = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
-            hidden = hidden + F.linear(F.silu(gate) * up, layer["down"])
+            gate, up = self._linear(x, layer["gate_up"]).chunk(2, dim=-1)
+            hidden = hidden + self._linear(F.silu(gate) * up, layer["down"])
         return _rms_norm(hidden, *self.final_norm)
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.matmul_dtype is None:
+            return F.linear(x, weight)
+        return F.linear(x.to(self.matmul_dtype), weight).to(x.dtype)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -100,3 +119,63 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+_FAST_MATMUL: dict[tuple, torch.dtype | None] = {}  # per process: (weight shapes, model dtype) -> the choice
+
+
+def fast_matmul_dtype(model, rows: int = 32) -> torch.dtype | None:
+    """bfloat16 where this machine multiplies the model's linear layers in it batch-invariantly (a row's result
+    is bit for bit the same whatever rows come with it) and at `rows` rows at least 1.3x faster than in float32,
+    and the per-query attention kernel builds; else None (float32 stays). The runner then attends one query at a
+    time, so every op is per token and a window's verification scores a token exactly as a plain step does. Only
+    float32 Llama models qualify; `SPECGEN_MATMUL=float32` turns it off. Checked once per process and shape set.
+
+    On CPUs with AVX-512 BF16 oneDNN's bfloat16 kernels give the same bits for any row count (float32 MKL does
+    not below 8 rows), and a 32-row window's matmuls run about 3x faster (docs/image.md)."""
+    import os
+    import time
+
+    if (os.environ.get("SPECGEN_MATMUL", "").lower() in ("float32", "fp32", "off")
+            or not supports(model) or next(model.parameters()).dtype != torch.float32
+            or not query_attention.available()):  # the per-query loop without the kernel costs more than it saves
+        return None
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    key = tuple(sorted({tuple(w.shape) for w in weights}))
+    if key not in _FAST_MATMUL:
+        fast = bf16_batch_invariant(key, rows) and _bf16_faster(key, rows, time.perf_counter)
+        _FAST_MATMUL[key] = torch.bfloat16 if fast else None
+    return _FAST_MATMUL[key]
+
+
+def bf16_batch_invariant(shapes, rows: int = 32) -> bool:
+    """Whether bfloat16 `F.linear` over weights of these (out, in) shapes gives every row the same bits alone,
+    in small batches and in a window of `rows` rows, at any offset."""
+    generator = torch.Generator().manual_seed(0)
+    for out_features, in_features in shapes:
+        weight = torch.randn(out_features, in_features, generator=generator).bfloat16()
+        x = torch.randn(2 * rows + 3, in_features, generator=generator).bfloat16()
+        full = F.linear(x, weight)
+        for start, count in ((0, 1), (0, 2), (1, 3), (0, 5), (3, 8), (0, 16), (2, 17), (0, rows), (5, rows + 1)):
+            if not torch.equal(F.linear(x[start:start + count], weight), full[start:start + count]):
+                return False
+    return True
+
+
+def _bf16_faster(shapes, rows: int, clock) -> bool:
+    generator = torch.Generator().manual_seed(0)
+    out_features, in_features = max(shapes, key=lambda s: s[0] * s[1])
+    weight = torch.randn(out_features, in_features, generator=generator)
+    x = torch.randn(rows, in_features, generator=generator)
+    weight16, x16 = weight.bfloat16(), x.bfloat16()
+
+    def best_of(run, repeats: int = 20) -> float:
+        run()
+        times = []
+        for _ in range(repeats):
+            began = clock()
+            run()
+            times.append(clock() - began)
+        return min(times)
+
+    return best_of(lambda: F.linear(x16, weight16)) * 1.3 <= best_of(lambda: F.linear(x, weight))

@@ -103,13 +103,17 @@ class TransformersTarget:
 
     Set `model.config._attn_implementation` as you like ("sdpa" or "eager"); the mask is always explicit."""
 
-    def __init__(self, model, capacity: int | None = None, fast: bool = True, int8_head: bool = False):
+    def __init__(self, model, capacity: int | None = None, fast: bool = True, int8_head: bool = False,
+                 matmul_dtype: torch.dtype | None = None):
         self.model = model.eval()
         # Llama and Gemma 3 checkpoints run through a compact forward of ours (same weights, same arithmetic;
-        # `int8_head`: a Llama output layer as int8 rows, for drafts)
+        # `int8_head`: a Llama output layer as int8 rows, for drafts; `matmul_dtype`: a Llama's linear layers
+        # in that dtype, see `llama_runner.LlamaRunner`)
         self.runner = None
+        if matmul_dtype is not None and not (fast and llama_runner.supports(model)):
+            raise InvalidRequest(f"linear layers in {matmul_dtype} need a Llama-architecture model")
         if fast and llama_runner.supports(model):
-            self.runner = llama_runner.LlamaRunner(model, int8_head=int8_head)
+            self.runner = llama_runner.LlamaRunner(model, int8_head=int8_head, matmul_dtype=matmul_dtype)
         elif fast and gemma_runner.supports(model):
             self.runner = gemma_runner.GemmaRunner(model)
         config = model.config

@@ -23,6 +23,7 @@ import torch
 from specgen.errors import InvalidRequest
 from specgen.modalities.image import vq as vq_codec
 from specgen.modalities.image.models import default_paths, load_image_lm, load_image_vocab
+from specgen.modalities.llama_runner import fast_matmul_dtype
 from specgen.modalities.transformers_adapter import TransformersTarget, measure_window_s
 from specgen.modalities.image.eagle_head.drafter import EagleTreeDrafter
 from specgen.samplers import trees
@@ -72,6 +73,8 @@ class ImageGenerator:
         self.model_path = Path(model or paths["video" if video else "target"])
         self.vq_path = Path(vq or paths["vq"])
         self.model = load_image_lm(self.model_path, dtype)
+        # the fastest batch-invariant matmuls this machine has for the model (bfloat16 linears where exact)
+        self.matmul_dtype = fast_matmul_dtype(self.model)
         self.vocab = load_image_vocab(self.model_path)
         self.modality = "video" if self.vocab.frames > 1 else "image"  # the registry's method table to use
         self._vq = None
@@ -108,7 +111,7 @@ class ImageGenerator:
         shape = trees.named_shape(knobs["shape"]) if spec.drafter == "eagle-head" else []
         # the cache never holds more than the prompt, the codes and one scored window or tree
         capacity = len(prompt_ids) + self.vocab.image_tokens + knobs.get("window", 1) + len(shape)
-        inner = target = TransformersTarget(self.model, capacity=capacity)
+        inner = target = self.engine(capacity)
         guided = processing.guidance_scale is not None
         if guided:
             target = GuidedTarget(target, lambda _: self.vocab.uncond_ids())
@@ -133,6 +136,10 @@ class ImageGenerator:
         yield from speculative_generate(target, drafter, self.last_rule, [prompt_ids] * num_samples,
                                         processing=processing, max_new_tokens=self.vocab.image_tokens, policy=policy,
                                         seed=seed, stats=stats)
+
+    def engine(self, capacity: int | None = None) -> TransformersTarget:
+        """The served target: our runner over the model, in `matmul_dtype` where that is exact."""
+        return TransformersTarget(self.model, capacity=capacity, matmul_dtype=self.matmul_dtype)
 
     @property
     def head(self):
@@ -202,7 +209,7 @@ class ImageGenerator:
         prompt_ids = self.vocab.prompt_ids(prompt)
         context = self.vocab.image_tokens // 2 if context is None else context
         ids = torch.cat([prompt_ids, torch.arange(context) % self.vocab.num_codes])  # placeholder codes
-        target = TransformersTarget(self.model, capacity=len(ids) + window)
+        target = self.engine(len(ids) + window)
         if self.processing(guidance_scale=guidance_scale).guidance_scale is not None:
             uncond = self.vocab.uncond_ids()
             target = GuidedTarget(target, lambda row: torch.cat([uncond, torch.as_tensor(row)[len(uncond):]]))

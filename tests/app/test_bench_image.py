@@ -82,3 +82,13 @@ def test_bench_lantern_reports_speed_quality_and_a_frontier(tmp_path, monkeypatc
     assert (tmp_path / "out" / "image-lantern-latest-samples.png").exists() and "samples" in report
     cached = list((tmp_path / "home" / "bench-lantern").rglob("*.npy"))
     assert len(cached) == 3  # two AR sets and one setting, one prompt each: a rerun resumes from these
+
+
+def test_a_bad_out_dir_fails_before_any_work(tmp_path, capsys):
+    from specgen.app.cli import main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    assert main(["bench", "image", "--methods", "ar", "--out-dir", str(blocker)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "not a folder" in err and len(err.strip().splitlines()) == 1

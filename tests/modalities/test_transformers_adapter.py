@@ -147,3 +147,35 @@ def test_sampling_matches_the_target_on_a_random_model():
                           processing=processing, max_new_tokens=3, policy=FixedLength(3), seed=11)
         fit = goodness_of_fit([tuple(t) for t in result.tokens], expected)
         assert fit.p_value > 1e-4, fit
+
+
+def test_bfloat16_linears_score_a_window_as_single_steps_do(monkeypatch):
+    """Where this CPU's bfloat16 matmuls are batch-invariant (AVX-512 BF16: oneDNN), a window's logits equal
+    the same tokens scored one per forward bit for bit, so verification stays exact; they stay close to
+    float32's. SPECGEN_MATMUL=float32 turns the choice off; a model our Llama runner does not serve is refused."""
+    from specgen.errors import InvalidRequest
+    from specgen.modalities import llama_runner
+
+    model = tiny_llama(seed=3, hidden=64).float()
+    shapes = {tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    if not llama_runner.bf16_batch_invariant(shapes):
+        pytest.skip("bfloat16 matmuls are not batch-invariant on this CPU")
+    choice = torch.bfloat16
+    tokens = torch.randint(0, VOCAB, (1, 30))
+    served, plain = TransformersTarget(model, matmul_dtype=choice), TransformersTarget(model)
+    rows = torch.arange(1)
+    for target in (served, plain):
+        target.prefill([tokens[0, :10]])
+    window = served.score(tokens[:, 9:30], torch.arange(9, 30)[None], rows)
+    one_by_one = []
+    served.prefill([tokens[0, :10]])
+    for position in range(9, 30):
+        one_by_one.append(served.score(tokens[:, position:position + 1], torch.tensor([[position]]), rows)[:, 0])
+        served.commit(torch.ones(1, 1, dtype=torch.bool), rows)
+    assert torch.equal(window[0], torch.cat(one_by_one))
+    reference = plain.score(tokens[:, 9:30], torch.arange(9, 30)[None], rows)
+    assert torch.allclose(window, reference, atol=0.05, rtol=0.05) and not torch.equal(window, reference)
+    monkeypatch.setenv("SPECGEN_MATMUL", "float32")
+    assert llama_runner.fast_matmul_dtype(model) is None
+    with pytest.raises(InvalidRequest, match="Llama"):
+        TransformersTarget(tiny_gemma3(), matmul_dtype=torch.bfloat16)

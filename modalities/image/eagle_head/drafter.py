@@ -24,6 +24,7 @@ from typing import Sequence
 import torch
 
 from specgen.modalities.image.eagle_head.head import EagleHead
+from specgen.modalities.llama_runner import fast_matmul_dtype
 from specgen.modalities.transformers_adapter import TransformersTarget
 from specgen.modalities.tree_drafter import tree_from_builders, trees_ancestor_mask
 from specgen.samplers import trees
@@ -46,7 +47,8 @@ class EagleTreeDrafter:
         self.embed = target_model.model.embed_tokens.weight.detach()
         self.lm_head = target_model.lm_head.weight.detach()
         self.head = head
-        self.engine = TransformersTarget(head.body, capacity=capacity + 2 * len(shape) + 2)
+        self.engine = TransformersTarget(head.body, capacity=capacity + 2 * len(shape) + 2,
+                                         matmul_dtype=fast_matmul_dtype(head.body))
         self.processing = processing
         self.shape = list(shape)
         self.siblings = "deterministic" if processing.greedy else (siblings or "without_replacement")
