@@ -30,6 +30,7 @@ SOURCE = r"""
 #include <vector>
 
 typedef float v16 __attribute__((vector_size(64)));  // one zmm with AVX-512, two ymm otherwise: same lanes
+static const int64_t MAX_BLOCKS = 16;  // head dimensions up to 256 keep their weighted sums in registers
 
 static inline float dot(const float* a, const float* b, int64_t d) {
   v16 acc = {0};
@@ -88,6 +89,30 @@ torch::Tensor attend_queries(torch::Tensor q, torch::Tensor keys, torch::Tensor 
           top = scores[c] > top ? scores[c] : top;
         }
         float total = 0.f;
+        float* o = out_p + (r * n + s) * heads * d + h * d;
+        if (d % 16 == 0 && d <= 16 * MAX_BLOCKS) {
+          // the weighted values summed key by key in vector registers (each lane one output element, the
+          // same key order as the scalar loop below)
+          const int64_t blocks = d / 16;
+          v16 accv[MAX_BLOCKS];
+          for (int64_t b = 0; b < blocks; ++b) accv[b] = (v16){0};
+          for (int64_t c = 0; c < count; ++c) {
+            const float w = std::exp(scores[c] - top);
+            total += w;
+            const float* vv = vb + cols[c] * values.stride(2);
+            for (int64_t b = 0; b < blocks; ++b) {
+              v16 x;
+              __builtin_memcpy(&x, vv + 16 * b, 64);
+              accv[b] += w * x;
+            }
+          }
+          const float inv = count ? 1.f / total : 0.f;
+          for (int64_t b = 0; b < blocks; ++b) {
+            v16 y = accv[b] * inv;
+            __builtin_memcpy(o + 16 * b, &y, 64);
+          }
+          continue;
+        }
         std::fill(acc.begin(), acc.end(), 0.f);
         for (int64_t c = 0; c < count; ++c) {
           const float w = std::exp(scores[c] - top);
@@ -95,7 +120,6 @@ torch::Tensor attend_queries(torch::Tensor q, torch::Tensor keys, torch::Tensor 
           const float* vv = vb + cols[c] * values.stride(2);
           for (int64_t i = 0; i < d; ++i) acc[i] += w * vv[i];
         }
-        float* o = out_p + (r * n + s) * heads * d + h * d;
         const float inv = count ? 1.f / total : 0.f;
         for (int64_t i = 0; i < d; ++i) o[i] = acc[i] * inv;
       }
