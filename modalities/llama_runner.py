@@ -9,6 +9,9 @@ against the transformers forward in float64.
 
 from __future__ import annotations
 
+import os
+import time
+
 import torch
 import torch.nn.functional as F
 
@@ -121,7 +124,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-_FAST_MATMUL: dict[tuple, torch.dtype | None] = {}  # per process: (weight shapes, model dtype) -> the choice
+_FAST_MATMUL: dict[tuple, torch.dtype | None] = {}  # per process: the linear weights' shapes -> the choice
 
 
 def fast_matmul_dtype(model, rows: int = 32) -> torch.dtype | None:
@@ -133,9 +136,6 @@ def fast_matmul_dtype(model, rows: int = 32) -> torch.dtype | None:
 
     On CPUs with AVX-512 BF16 oneDNN's bfloat16 kernels give the same bits for any row count (float32 MKL does
     not below 8 rows), and a 32-row window's matmuls run about 3x faster (docs/image.md)."""
-    import os
-    import time
-
     if (os.environ.get("SPECGEN_MATMUL", "").lower() in ("float32", "fp32", "off")
             or not supports(model) or next(model.parameters()).dtype != torch.float32
             or not query_attention.available()):  # the per-query loop without the kernel costs more than it saves

@@ -88,6 +88,13 @@ def lookup(tokens: list[int], max_ngram: int, length: int, min_ngram: int = 1, *
     return drafted
 
 
+def _checked_sizes(max_ngram: int, min_ngram: int) -> tuple[int, int]:
+    if not 1 <= min_ngram <= max_ngram:
+        raise InvalidRequest(f"need 1 <= min_matching_ngram_size <= max_matching_ngram_size, got "
+                             f"{min_ngram} and {max_ngram}")
+    return max_ngram, min_ngram
+
+
 class LookupSlots:
     """Which drafted slots of a draft model prompt lookup fills (`draft-lookup`): where the context so far ends
     in an n-gram (n >= min_ngram) that occurred before, its most frequent follower.
@@ -98,10 +105,7 @@ class LookupSlots:
     the lookups incremental (`row` names it; any list may be asked about)."""
 
     def __init__(self, max_matching_ngram_size: int = 5, min_matching_ngram_size: int = 2):
-        if not 1 <= min_matching_ngram_size <= max_matching_ngram_size:
-            raise InvalidRequest(f"need 1 <= min_matching_ngram_size <= max_matching_ngram_size, got "
-                                 f"{min_matching_ngram_size} and {max_matching_ngram_size}")
-        self.max_ngram, self.min_ngram = max_matching_ngram_size, min_matching_ngram_size
+        self.max_ngram, self.min_ngram = _checked_sizes(max_matching_ngram_size, min_matching_ngram_size)
         self.indices: dict[int, NgramIndex] = {}
 
     def next_token(self, tokens: list[int], row: int = 0) -> int | None:
@@ -114,10 +118,7 @@ class PromptLookupDrafter:
     """`ngram`: every slot drafted by lookup (`lookup`); rows keep their own index across steps."""
 
     def __init__(self, max_matching_ngram_size: int = 5, min_matching_ngram_size: int = 2):
-        if not 1 <= min_matching_ngram_size <= max_matching_ngram_size:
-            raise InvalidRequest(f"need 1 <= min_matching_ngram_size <= max_matching_ngram_size, got "
-                                 f"{min_matching_ngram_size} and {max_matching_ngram_size}")
-        self.max_ngram, self.min_ngram = max_matching_ngram_size, min_matching_ngram_size
+        self.max_ngram, self.min_ngram = _checked_sizes(max_matching_ngram_size, min_matching_ngram_size)
         self.indices: dict[int, NgramIndex] = {}
 
     def propose(self, ctx: DecodeContext, budget: int) -> Draft:
