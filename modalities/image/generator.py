@@ -73,9 +73,11 @@ class ImageGenerator:
         self.model_path = Path(model or paths["video" if video else "target"])
         self.vq_path = Path(vq or paths["vq"])
         self.model = load_image_lm(self.model_path, dtype)
-        # the fastest batch-invariant matmuls this machine has for the model (bfloat16 linears where exact)
-        self.matmul_dtype = fast_matmul_dtype(self.model)
         self.vocab = load_image_vocab(self.model_path)
+        # images: bfloat16 linears and per-query attention where that is exact and faster. Clips stay float32:
+        # over their 1,000-code contexts the per-query attention kernel costs more than SDPA saves, and MC-SJD
+        # ran no faster per clip (benchmarks/bench-video-20261202T023054Z.md, docs/video.md)
+        self.matmul_dtype = fast_matmul_dtype(self.model) if self.vocab.frames == 1 else None
         self.modality = "video" if self.vocab.frames > 1 else "image"  # the registry's method table to use
         self._vq = None
         self.head_path = Path(head or paths["head"])
