@@ -1,11 +1,15 @@
-"""Attention one query at a time, for every query of a forward in one call (the served Gemma's attention).
+"""Attention one query at a time, for every query of a forward in one call (the served Gemma's attention, and
+the image target's under bfloat16 serving).
 
 out[row, slot, head] = softmax_j(scale * q . k_j) v_j over exactly the keys that query sees, in position order.
-The arithmetic of one query depends only on its own vector and the keys and values it sees: dot products in
-16-lane vector accumulators over the head dimension with one fixed horizontal sum, a max, exponentials, and the
-weighted values summed key by key. A drafted token scored in a window of 8 therefore gets the very bits it gets
-scored alone, as with a `scaled_dot_product_attention` call per query (`reference`), without that loop's dozen
-small torch calls per query and layer (about 1,000 per 4-slot Gemma forward).
+The arithmetic of one query depends only on its own vector and the keys and values it sees. Where the head
+dimension is a multiple of 16: the dot products of sixteen visible keys at a time (16-lane accumulators over the
+head dimension, then one fixed shuffle tree across the lanes; a last short block padded with a zero key), a max,
+the weights sixteen at a time by a vector exp (2^n times a degree-7 polynomial, ~1e-7 relative), and the weighted
+values summed over even and odd keys in two register chains. Otherwise one key at a time with `std::exp`. A
+drafted token scored in a window of 8 therefore gets the very bits it gets scored alone, as with a
+`scaled_dot_product_attention` call per query (`reference`), without that loop's dozen small torch calls per
+query and layer (about 1,000 per 4-slot Gemma forward).
 
 `seen` chooses the keys: None means slot j of n sees the first width - n + j + 1 columns (a chain after its
 cached context); otherwise a [rows, n, width] bool mask (tree slots, sliding windows, padded prompt rows).
