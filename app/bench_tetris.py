@@ -72,7 +72,11 @@ def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_
     if capacity % batch_size:
         raise InvalidRequest(f"capacity {capacity} must be a multiple of the batch size {batch_size}, so that the "
                              "fixed-length baseline spends the same budget")
-    generator = generator or TextGenerator()
+    if generator is None:  # the shipped code pair: its draft shares the target's full vocabulary (Gemma's does not)
+        from specgen.modalities.assets import assets_dir
+
+        code = assets_dir() / "code"
+        generator = TextGenerator(str(code / "target"), str(code / "draft"))
     prompts_path = prompts_path or benchmarks_dir() / "prompts" / "text.jsonl"
     texts = [p.prompt for p in load_prompts(prompts_path)]
     batch = [texts[i % len(texts)] for i in range(batch_size)]
