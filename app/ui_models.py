@@ -88,3 +88,12 @@ def release_freed_memory() -> None:
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
+
+
+def resident_mb(pid: int | str = "self") -> float:
+    """A process's resident memory (VmRSS in /proc), in MB; OSError where it cannot be read."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise OSError(f"/proc/{pid}/status has no VmRSS line")

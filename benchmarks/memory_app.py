@@ -21,6 +21,8 @@ import time
 
 from demo_latency import free_port, page_answers, wait_until
 
+from specgen.app.ui_models import resident_mb
+
 MARKS = (20, 50, 100, 150, 200)
 TEXT_PROMPTS = ("def fibonacci(n):\n", "The history of the city begins", "import os\n\nfor name in",
                 "Dear colleagues,\nthank you for")
@@ -35,11 +37,10 @@ def tree_rss_mb(pid: int) -> float:
     while stack:
         current = stack.pop()
         try:
-            with open(f"/proc/{current}/status") as f:
-                total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+            total += resident_mb(current)
             with open(f"/proc/{current}/task/{current}/children") as f:
                 stack.extend(int(child) for child in f.read().split())
-        except (OSError, StopIteration):
+        except OSError:  # the process ended meanwhile
             continue
     return total
 

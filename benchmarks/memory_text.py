@@ -15,11 +15,12 @@ import time
 
 
 def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    from specgen.app.ui_models import resident_mb
+
+    try:
+        return resident_mb()
+    except OSError:  # no /proc: the peak instead
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main() -> None:

@@ -307,8 +307,9 @@ def test_every_request_hands_freed_memory_back(monkeypatch):
 
 
 def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+    from specgen.app.ui_models import resident_mb
+
+    return resident_mb()
 
 
 @pytest.mark.skipif(not __import__("os").path.exists("/proc/self/status"), reason="reads /proc")
