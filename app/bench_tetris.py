@@ -62,7 +62,7 @@ def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_
 
     from specgen.app.bench_text import _cpu_model, _load, benchmarks_dir, load_prompts, source_state
     from specgen.modalities.model_drafter import ModelDrafter
-    from specgen.modalities.text.generator import TextGenerator
+    from specgen.modalities.text.generator import TextGenerator, shipped_code_pair
     from specgen.samplers.length_policies import TetrisDrafter
     from specgen.samplers.policies import FixedLength
     from specgen.samplers.processing import Processing
@@ -73,10 +73,7 @@ def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_
         raise InvalidRequest(f"capacity {capacity} must be a multiple of the batch size {batch_size}, so that the "
                              "fixed-length baseline spends the same budget")
     if generator is None:  # the shipped code pair: its draft shares the target's full vocabulary (Gemma's does not)
-        from specgen.modalities.assets import assets_dir
-
-        code = assets_dir() / "code"
-        generator = TextGenerator(str(code / "target"), str(code / "draft"))
+        generator = TextGenerator(*shipped_code_pair())
     prompts_path = prompts_path or benchmarks_dir() / "prompts" / "text.jsonl"
     texts = [p.prompt for p in load_prompts(prompts_path)]
     batch = [texts[i % len(texts)] for i in range(batch_size)]

@@ -6,15 +6,15 @@ M: blocking over rows (up to 6 per pass over the weights) and over outputs chang
 the result. That is what makes speculative verification of the served model exact: a token scored in a
 window of 6 gets the logits it gets alone. Up to 12 rows it streams the int8 weights once per 6 rows, so on
 Gemma 3's 262,144 x 640 output layer (1 thread, AVX2, on an earlier machine and before prefetching) 1, 4 and 6
-rows cost about 31, 39 and 44 ms, against 31, 48 and 86 ms for `torch._weight_int8pack_mm`, whose 4-row blocks re-read the weights. Past 12 rows
-(prompts, batches) it widens a block of weight rows to float once into cache and runs every row against it;
+rows cost about 31, 39 and 44 ms, against 31, 48 and 86 ms for `torch._weight_int8pack_mm`, whose 4-row blocks
+re-read the weights. Past 12 rows (prompts, batches) it widens a block of weight rows to float once into cache and runs every row against it;
 the widening is exact, so the result is the same bit for bit.
 
 Where the CPU has AVX-512F the same scheme also runs 16 lanes wide (32 registers, so bigger blocks): a layer whose
 K is a multiple of 16 always takes that path, whatever M, so row invariance holds within it (its sums differ
 from the 8-lane path's, so the two are never mixed in one layer). On Gemma 3's output layer 4 and 6 rows then
-cost about 9 and 14 ms instead of 19 and 26 (with prefetching), and its other layers about half (benchmarks/int8-kernel-latest.md;
-one row is bound by memory bandwidth either way).
+cost about 9 and 14 ms instead of 19 and 26 (with prefetching), and its other layers about half
+(benchmarks/int8-kernel-latest.md; one row is bound by memory bandwidth either way).
 
 Each block first prefetches the int8 rows PREFETCH_BLOCKS blocks ahead: on Gemma's 168 MB output layer the
 hardware prefetcher alone read about 13 GB/s on one core here, and one row took 18 ms where it now takes about 7.5

@@ -253,11 +253,11 @@ def available() -> bool:
     return load() is not None
 
 
-def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, seen: torch.Tensor | None, scaling: float,
-           use_kernel: bool = True) -> torch.Tensor:
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, seen: torch.Tensor | None,
+           scaling: float) -> torch.Tensor:
     """One query at a time, the same arithmetic for every window: the compiled kernel in float32 where it builds
-    (and `use_kernel`), else `reference`. Shapes as `attend_queries`."""
-    if use_kernel and q.dtype == torch.float32 and available():
+    (`SPECGEN_ATTENTION_KERNEL=off` turns it off), else `reference`. Shapes as `attend_queries`."""
+    if q.dtype == torch.float32 and available():
         return attend_queries(q if q.stride(-1) == 1 else q.contiguous(), keys, values, seen, scaling)
     return reference(q, keys, values, seen, scaling)
 

@@ -47,7 +47,6 @@ class GemmaRunner:
         self.final_norm = _norm(body.norm)
         self.softcap = config.final_logit_softcapping
         self.keep_hidden, self.last_hidden = False, None
-        self.use_kernel = True  # the compiled attention kernel where it builds (float32); else the per-query loop
         self.layers = []
         for layer_type, layer in zip(config.layer_types, body.layers):
             attn, mlp = layer.self_attn, layer.mlp
@@ -85,7 +84,7 @@ class GemmaRunner:
             cos, sin = (t[:, None] for t in rotary[layer["type"]])
             q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
             keys, values = cache.update(k, v, index)  # [rows, kv_heads, width, head_dim]
-            attended = self._attend(q, keys, values, visible[layer["type"]], layer["scaling"])
+            attended = query_attention.attend(q, keys, values, visible[layer["type"]], layer["scaling"])
             hidden = hidden + _rms_norm(layer["out"](attended), *layer["norm_post_attn"])
             x = _rms_norm(hidden, *layer["norm_pre_mlp"])
             gate, up = layer["gate_up"](x).chunk(2, dim=-1)
@@ -98,12 +97,6 @@ class GemmaRunner:
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
-
-    def _attend(self, q, keys, values, seen, scaling) -> torch.Tensor:
-        """q: [rows, heads, n, head_dim]; keys/values: [rows, kv_heads, width, head_dim]; seen: None or [rows, n,
-        width] bool. One query at a time (`kernels.query_attention`): the compiled kernel in float32 where it
-        builds, else one scaled_dot_product_attention call per query; the same arithmetic for every window."""
-        return query_attention.attend(q, keys, values, seen, scaling, self.use_kernel)
 
 
 def _norm(module) -> tuple[torch.Tensor, float]:

@@ -125,8 +125,6 @@ register(MethodSpec("draft", "text", True,
                     drafter="model", rule="chain", policy="fixed",
                     paper="Leviathan et al. 2023; Chen et al. 2023",
                     knobs=(NUM_DRAFT_TOKENS, LENGTH_SCHEDULE)))
-MIN_NGRAM_SIZE = Knob("min_matching_ngram_size", int, 2, "shortest repeated n-gram that lets lookup fill a slot",
-                      1, 16)
 register(MethodSpec("ngram", "text", True,
                     "prompt lookup: each slot the most frequent follower of the longest suffix n-gram seen before "
                     "(the first slot down to 1-grams, later ones only while min_matching_ngram_size tokens match); "
@@ -135,6 +133,8 @@ register(MethodSpec("ngram", "text", True,
                     knobs=(NUM_DRAFT_TOKENS, NGRAM_SIZE,
                            Knob("min_matching_ngram_size", int, 2, "shortest matching n-gram that lets a slot after "
                                 "the first be drafted", 1, 16), LENGTH_SCHEDULE)))
+MIN_NGRAM_SIZE = Knob("min_matching_ngram_size", int, 2, "shortest repeated n-gram that lets lookup fill a slot",
+                      1, 16)
 register(MethodSpec("draft-lookup", "text", True,
                     "a draft model whose slots prompt lookup fills where the context ends in a repeated n-gram (a "
                     "point mass there, the draft's law elsewhere); exact rejection sampling",

@@ -38,6 +38,11 @@ def default_models() -> tuple[str, str | None]:
     if gemma.extra_installed():
         draft = gemma.shipped_draft()
         return gemma.ALIAS, str(draft) if draft else None
+    return shipped_code_pair()
+
+
+def shipped_code_pair() -> tuple[str, str]:
+    """(target, draft) folders of the code models shipped in assets/code."""
     code = assets_dir() / "code"
     return str(code / "target"), str(code / "draft")
 
@@ -46,7 +51,7 @@ def default_method(model: str | None, draft: str | None) -> str:
     """What a text request without a method gets (`model`/`draft` as given, None for the defaults): the draft
     model when there is one, else prompt lookup (lossless, and never slower than a plain step when nothing
     matches). On Gemma prompt lookup stays the default even with the shipped draft: it is the fastest method
-    measured there (benchmarks/text-gemma-latest.md: `ngram` 1.88x, `draft-lookup` 1.59x, `draft` 1.07x)."""
+    measured there (benchmarks/text-gemma-latest.md: `ngram` 1.86x, `draft-lookup` 1.53x, `draft` 1.13x)."""
     if model is None:
         model, draft = default_models()[0], draft or default_models()[1]
     if draft is None or model == gemma.ALIAS or gemma.is_served(model):
@@ -74,7 +79,7 @@ def knob_defaults(model: str | None, spec) -> dict:
 
 def _is_shipped_code_target(model: str) -> bool:
     try:
-        return Path(model).resolve() == (assets_dir() / "code" / "target").resolve()
+        return Path(model).resolve() == Path(shipped_code_pair()[0]).resolve()
     except OSError:
         return False
 

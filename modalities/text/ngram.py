@@ -50,13 +50,13 @@ class NgramIndex:
             self.tokens.append(token)
             self._undo.append(undo)
 
-    def follower(self, tokens: list[int], min_ngram: int = 1) -> tuple[int, int] | None:
-        """(the most frequent follower of `tokens`' longest suffix n-gram seen before, that n), or None."""
+    def follower(self, tokens: list[int], min_ngram: int = 1) -> int | None:
+        """The most frequent follower of `tokens`' longest suffix n-gram (n >= min_ngram) seen before, or None."""
         self.sync(tokens)
         for n in range(min(self.max_ngram, len(tokens) - 1), min_ngram - 1, -1):
             entry = self.followers.get(tuple(tokens[-n:]))
             if entry:
-                return max(entry.items(), key=lambda item: item[1])[0], n
+                return max(entry.items(), key=lambda item: item[1])[0]
         return None
 
 
@@ -84,7 +84,7 @@ def lookup(tokens: list[int], max_ngram: int, length: int, min_ngram: int = 1, *
         found = index.follower(tokens + drafted, 1 if slot == 0 else min_ngram)
         if found is None:
             break
-        drafted.append(found[0])
+        drafted.append(found)
     return drafted
 
 
@@ -93,6 +93,13 @@ def _checked_sizes(max_ngram: int, min_ngram: int) -> tuple[int, int]:
         raise InvalidRequest(f"need 1 <= min_matching_ngram_size <= max_matching_ngram_size, got "
                              f"{min_ngram} and {max_ngram}")
     return max_ngram, min_ngram
+
+
+def _row_index(indices: dict[int, NgramIndex], row: int, max_ngram: int) -> NgramIndex:
+    """The batch row's index, made on its first lookup."""
+    if row not in indices:
+        indices[row] = NgramIndex(max_ngram)
+    return indices[row]
 
 
 class LookupSlots:
@@ -109,9 +116,7 @@ class LookupSlots:
         self.indices: dict[int, NgramIndex] = {}
 
     def next_token(self, tokens: list[int], row: int = 0) -> int | None:
-        index = self.indices.setdefault(row, NgramIndex(self.max_ngram))
-        found = index.follower(tokens, self.min_ngram)
-        return None if found is None else found[0]
+        return _row_index(self.indices, row, self.max_ngram).follower(tokens, self.min_ngram)
 
 
 class PromptLookupDrafter:
@@ -124,8 +129,8 @@ class PromptLookupDrafter:
     def propose(self, ctx: DecodeContext, budget: int) -> Draft:
         found = []
         for row, context in zip(ctx.rows.tolist(), ctx.tokens):
-            index = self.indices.setdefault(row, NgramIndex(self.max_ngram))
-            found.append(lookup(context.tolist(), self.max_ngram, budget, self.min_ngram, index=index))
+            found.append(lookup(context.tolist(), self.max_ngram, budget, self.min_ngram,
+                                index=_row_index(self.indices, row, self.max_ngram)))
         tokens = torch.zeros(len(found), budget, dtype=torch.long)
         for i, follow in enumerate(found):
             tokens[i, :len(follow)] = torch.tensor(follow, dtype=torch.long)
