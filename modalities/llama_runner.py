@@ -97,16 +97,18 @@ class LlamaRunner:
                 attended = F.scaled_dot_product_attention(
                     q, keys, values, attn_mask=attention_mask, scale=layer["scaling"],
                     enable_gqa=self.heads != self.kv_heads).transpose(1, 2).reshape(rows, n, q_size)
-            hidden = hidden + self._linear(attended, layer["out"])
+            # the residual adds widen a bfloat16 output exactly (float32 + bfloat16 computes in float32)
+            hidden = hidden + self._linear(attended, layer["out"], widen=False)
             x = _rms_norm(hidden, *layer["norm_post"])
             gate, up = self._linear(x, layer["gate_up"]).chunk(2, dim=-1)
-            hidden = hidden + self._linear(F.silu(gate) * up, layer["down"])
+            hidden = hidden + self._linear(F.silu(gate) * up, layer["down"], widen=False)
         return _rms_norm(hidden, *self.final_norm)
 
-    def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, widen: bool = True) -> torch.Tensor:
         if self.matmul_dtype is None:
             return F.linear(x, weight)
-        return F.linear(x.to(self.matmul_dtype), weight).to(x.dtype)
+        out = F.linear(x.to(self.matmul_dtype), weight)
+        return out.to(x.dtype) if widen else out
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

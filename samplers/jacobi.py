@@ -89,7 +89,7 @@ class JacobiDrafter:
         uniform = counter_uniform(ctx.seed, ctx.sample_ids[:, None], starts[:, None] + slots, Purpose.JACOBI_INIT,
                                   starts[:, None])
         law = self.init_law.expand(len(filled), budget, -1)
-        token = kernels.sample_categorical(law, uniform)  # "random": uniform draws, law uniform
+        token = kernels.sample_categorical(self.init_law, uniform)  # "random": uniform draws (one CDF for all slots)
         if self.init == "left":
             # Each empty slot copies the one before it, so they all repeat the token before the first empty slot;
             # where that token may not be drafted (e.g. the prompt's last token) the first empty slot is drawn
@@ -137,10 +137,13 @@ class JacobiDrafter:
                                               Purpose.JACOBI_GUMBEL, vocab)  # [rows, k + 1, vocab]
             return kernels.gumbel_argmax(target_probs, exponential)
         draw = counter_uniform(seed, sample_ids[:, None], positions, Purpose.JACOBI_DRAFT, starts[:, None])
-        fresh = kernels.sample_categorical(target_probs, draw)  # [rows, k + 1]
         if self.coupling == "independent" or tokens.shape[1] == 0:
-            return fresh
+            return kernels.sample_categorical(target_probs, draw)  # [rows, k + 1]
         keep = counter_uniform(seed, sample_ids[:, None], positions[:, :-1], Purpose.JACOBI_COUPLE, starts[:, None])
         coupled, _ = kernels.coupled_resample(tokens, laws, target_probs[:, :-1], keep, draw[:, :-1])
+        # fresh draws only where no draft is coupled: the last slot, and the slots a shorter row did not draft
+        last = kernels.sample_categorical(target_probs[:, -1:], draw[:, -1:])
         had_draft = torch.arange(tokens.shape[1]) < drafted[:, None]
-        return torch.cat([torch.where(had_draft, coupled, fresh[:, :-1]), fresh[:, -1:]], 1)
+        if not bool(had_draft.all()):
+            coupled = torch.where(had_draft, coupled, kernels.sample_categorical(target_probs[:, :-1], draw[:, :-1]))
+        return torch.cat([coupled, last], 1)
