@@ -9,6 +9,7 @@ recursing on the committed prefix. A lossless rule must reproduce the target's j
 from __future__ import annotations
 
 import itertools
+import math
 from collections import defaultdict
 
 import torch
@@ -168,14 +169,23 @@ def exact_output(lm, processing, rule, proposals, prompt, horizon) -> dict[tuple
 
 def jacobi_output(lm, processing, prompt, horizon, *, window: int, coupling: str, init_law=None, init="random",
                   stored_law=None) -> dict[tuple, float]:
-    """Exact output distribution of Jacobi decoding (samplers.jacobi) with the independent or maximal coupling,
-    enumerated over the process's discrete states (committed prefix, uncommitted drafts with their laws).
+    """Exact output distribution of Jacobi decoding (samplers.jacobi), enumerated over the process's states
+    (committed prefix, uncommitted drafts with their laws and, for the Gumbel coupling, what the drafts drawn so far
+    reveal of each position's noise).
     stored_law(old_law, target_law, kept) -> the law a re-draft is stored with (default: the target law, as
-    the drafter does); negative controls pass a stale one. init_law: [vocab] law of random initial drafts."""
+    the drafter does); negative controls pass a stale one. init_law: [vocab] law of random initial drafts.
+
+    The Gumbel coupling draws argmax(log law + g) with one noise vector g per absolute position, shared by every
+    step, so a position's earlier drafts condition its later ones. With two tokens the draw depends on g only
+    through d = g_1 - g_0, which is logistic: token 1 wins iff d > log law_0 - log law_1. The state then keeps an
+    interval for each uncommitted position's d, and every draw splits it with exact logistic masses; larger
+    vocabularies would need the Gumbel mass of polyhedra, so the Gumbel coupling is enumerated for two tokens."""
     from specgen.kernels import reference
 
     stored_law = stored_law or (lambda old, new, kept: new)
     vocab = len(processing(lm.logits(list(prompt))))
+    if coupling == "gumbel" and vocab != 2:
+        raise ValueError("the Gumbel coupling is enumerated for a two-token vocabulary only")
     init_law = torch.full((vocab,), 1.0 / vocab, dtype=torch.float64) if init_law is None else init_law.double()
     memo: dict = {}
 
@@ -195,12 +205,17 @@ def jacobi_output(lm, processing, prompt, horizon, *, window: int, coupling: str
             for prob, full in fills(prefix, list(drafts) + [(token, init_law)], k):
                 yield float(init_law[token]) * prob, full
 
-    def redrafts(slot_laws, olds):
-        """Every joint re-draft of the kept slots: (probability, ((token, stored law), ...))."""
+    def redrafts(slot_laws, olds, positions, noise):
+        """Every joint re-draft of the kept slots: (probability, ((token, stored law), ...), noise after)."""
         options = []
-        for target_law, old in zip(slot_laws, olds):
+        for target_law, old, position in zip(slot_laws, olds, positions):
             choices = []
-            if coupling == "maximal" and old is not None:
+            if coupling == "gumbel":
+                for prob, token, interval in _gumbel_draws(target_law, noise.get(position, (-math.inf, math.inf))):
+                    kept = old is not None and old[0] == token
+                    choices.append((prob, token, stored_law(old[1], target_law, True) if kept else target_law,
+                                    (position, interval)))
+            elif coupling == "maximal" and old is not None:
                 token, law = old
                 keep = float(reference.accept_probability(target_law[token], law[token]))
                 if keep > 0:
@@ -215,14 +230,18 @@ def jacobi_output(lm, processing, prompt, horizon, *, window: int, coupling: str
             options.append(choices)
         for combo in itertools.product(*options):
             prob = 1.0
-            for p, _, _ in combo:
+            for p, *_ in combo:
                 prob *= p
-            yield prob, tuple((t, law) for _, t, law in combo)
+            after = dict(noise)
+            after.update(c[3] for c in combo if len(c) > 3)
+            yield prob, tuple((c[1], c[2]) for c in combo), after
 
-    def dist(prefix: tuple, drafts: tuple, need: int) -> dict[tuple, float]:
+    def dist(prefix: tuple, drafts: tuple, need: int, noise: dict | None = None) -> dict[tuple, float]:
         if need <= 0:
             return {(): 1.0}
-        key = (prefix, tuple((t, law.numpy().tobytes()) for t, law in drafts), need)
+        # the noise of committed positions is never read again
+        noise = {position: interval for position, interval in (noise or {}).items() if position >= len(prefix)}
+        key = (prefix, tuple((t, law.numpy().tobytes()) for t, law in drafts), need, tuple(sorted(noise.items())))
         if key in memo:
             return memo[key]
         out: dict[tuple, float] = defaultdict(float)
@@ -242,15 +261,40 @@ def jacobi_output(lm, processing, prompt, horizon, *, window: int, coupling: str
                     olds = [full[m] if m < k else None for m in kept_slots]
                     for token in (emit_law > 0).nonzero().flatten().tolist():
                         committed = (tuple(tokens[:stop]) + (token,))[:need]
-                        for draft_prob, next_drafts in redrafts([target[m] for m in kept_slots], olds):
+                        positions = [len(prefix) + m for m in kept_slots]  # the token a slot's law is for
+                        for draft_prob, next_drafts, after in redrafts([target[m] for m in kept_slots], olds,
+                                                                       positions, noise):
                             w = weight * float(emit_law[token]) * draft_prob
-                            for tail, tail_prob in dist(prefix + committed, next_drafts, need - len(committed)).items():
+                            for tail, tail_prob in dist(prefix + committed, next_drafts, need - len(committed),
+                                                        after).items():
                                 out[committed + tail] += w * tail_prob
                 reach *= accept
         memo[key] = dict(out)
         return memo[key]
 
     return dist(tuple(prompt), (), horizon)
+
+
+def _gumbel_draws(law: torch.Tensor, interval: tuple[float, float]):
+    """The Gumbel draw argmax(log law + g) over two tokens given d = g_1 - g_0 in `interval`: every outcome as
+    (probability, token, the interval of d that gives it)."""
+    low, high = interval
+    threshold = math.log(float(law[0])) - math.log(float(law[1])) if float(law[0]) * float(law[1]) > 0 else (
+        math.inf if float(law[1]) == 0 else -math.inf)  # token 1 wins iff d > threshold
+    total = _logistic_mass(low, high)
+    for token, part in ((0, (low, min(high, threshold))), (1, (max(low, threshold), high))):
+        mass = _logistic_mass(*part) if part[0] < part[1] else 0.0
+        if mass > 0:
+            yield mass / total, token, part
+
+
+def _logistic_mass(low: float, high: float) -> float:
+    """P(low < d < high) for a standard logistic d (the difference of two Gumbel variates), computed on the side
+    of zero that keeps the subtraction accurate."""
+    sigmoid = lambda x: 0.0 if x == -math.inf else 1.0 if x == math.inf else 1.0 / (1.0 + math.exp(-x))  # noqa: E731
+    if low >= 0:
+        return sigmoid(-low) - sigmoid(-high)
+    return sigmoid(high) - sigmoid(low)
 
 
 def exact_group_output(lm, processing, rule, proposals, prompt, horizon) -> dict[tuple, float]:

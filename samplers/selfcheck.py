@@ -49,11 +49,16 @@ def run_selfcheck(seed: int = 0) -> dict:
     ]
     guided = GuidedTableLM(TableLM(3, order=2, seed=3000 + seed, scale=0.5), prompt, (0, 0), 3.0)
     top2 = Processing(top_k=2)
-    for coupling, label in (("independent", "SJD"), ("maximal", "MC-SJD")):
+    # the Gumbel coupling's shared noise is enumerated exactly over two tokens (samplers.oracle.jacobi_output)
+    binary = GuidedTableLM(TableLM(2, order=2, seed=3000 + seed, scale=0.5), (1, 0), (0, 0), 3.0)
+    for coupling, label, lm, processing, context in (
+            ("independent", "SJD, guidance + top-k", guided, top2, prompt),
+            ("maximal", "MC-SJD, guidance + top-k", guided, top2, prompt),
+            ("gumbel", "Gumbel-SJD, guidance, 2 tokens", binary, Processing(0.8), (1, 0))):
         started = time.perf_counter()
-        out = jacobi_output(guided, top2, prompt, 4, window=3, coupling=coupling)
-        distance = max_abs_diff(out, target_joint(guided, top2, prompt, 4))
-        checks.append({"name": f"exact: Jacobi {label}, guidance + top-k", "ok": distance < EXACT_TOLERANCE,
+        out = jacobi_output(lm, processing, context, 4, window=3, coupling=coupling)
+        distance = max_abs_diff(out, target_joint(lm, processing, context, 4))
+        checks.append({"name": f"exact: Jacobi {label}", "ok": distance < EXACT_TOLERANCE,
                        "max_abs_diff": distance, "seconds": time.perf_counter() - started})
     stale = exact("control: stale draft law is detected", ChainRejection(),
                   lambda p: chain_proposals(draft_law, p, 2, reported_law=lambda c: draft_law(c[:-1])))

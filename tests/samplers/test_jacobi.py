@@ -39,6 +39,29 @@ def test_storing_the_old_law_for_kept_drafts_is_caught_by_enumeration():
     assert max_abs_diff(out, target_joint(GUIDED, ORACLE_PROCESSING, PROMPT, 4)) > 1e-2
 
 
+# The Gumbel coupling shares one noise vector per position across steps; the oracle follows what earlier drafts
+# reveal of it exactly for two tokens (where top-k has nothing to cut, so temperature stands in for it).
+BINARY = GuidedTableLM(TableLM(2, order=2, seed=7, scale=0.5), (1, 0), UNCOND, SCALE)
+BINARY_PROCESSING = Processing(temperature=0.8)
+
+
+@pytest.mark.parametrize("init", ["random", "left"])
+@pytest.mark.parametrize("window", [2, 3, 5])
+def test_gumbel_coupling_is_exact_by_enumeration(init, window):
+    out = jacobi_output(BINARY, BINARY_PROCESSING, (1, 0), 5, window=window, coupling="gumbel", init=init)
+    assert max_abs_diff(out, target_joint(BINARY, BINARY_PROCESSING, (1, 0), 5)) < 1e-9
+
+
+def test_a_gumbel_draft_stored_with_its_old_law_is_caught_by_enumeration():
+    out = jacobi_output(BINARY, BINARY_PROCESSING, (1, 0), 5, window=4, coupling="gumbel", stored_law=STALE)
+    assert max_abs_diff(out, target_joint(BINARY, BINARY_PROCESSING, (1, 0), 5)) > 1e-2
+
+
+def test_the_gumbel_enumeration_refuses_larger_vocabularies():
+    with pytest.raises(ValueError, match="two-token"):
+        jacobi_output(GUIDED, ORACLE_PROCESSING, PROMPT, 2, window=2, coupling="gumbel")
+
+
 def guided_target(lm=LM):
     return GuidedTarget(TableTarget(lm), lambda prompt: torch.tensor(UNCOND[:1] * len(prompt)))
 
