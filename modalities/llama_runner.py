@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -35,12 +36,11 @@ class LlamaRunner:
         # `matmul_dtype` (bfloat16): the linear layers' weights and inputs in that dtype, their outputs and
         # everything else (norms, rope, attention, residuals) in the model's own
         self.matmul_dtype = matmul_dtype
-        cast = (lambda w: w.detach().to(matmul_dtype)) if matmul_dtype is not None else (lambda w: w)
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.embed, self.rotary = body.embed_tokens.weight, body.rotary_emb
         self.final_norm = (body.norm.weight, body.norm.variance_epsilon)
-        self.lm_head = cast(model.lm_head.weight)
+        self.lm_head, weights = _prepared_weights(model, matmul_dtype)
         self.head = None
         if int8_head:
             from specgen.modalities.int8_linear import Int8Linear
@@ -48,16 +48,12 @@ class LlamaRunner:
             self.head = Int8Linear.from_linear(model.lm_head)
         self.keep_hidden, self.last_hidden = False, None
         self.layers = []
-        for layer in body.layers:
-            attn, mlp = layer.self_attn, layer.mlp
+        for layer, prepared in zip(body.layers, weights):
             self.layers.append({
                 "norm_in": (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
-                "qkv": cast(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()),
-                "out": cast(attn.o_proj.weight),
                 "norm_post": (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon),
-                "gate_up": cast(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()),
-                "down": cast(mlp.down_proj.weight),
-                "scaling": attn.scaling,
+                "scaling": layer.self_attn.scaling,
+                **prepared,  # qkv, out, gate_up, down
             })
 
     @torch.no_grad()
@@ -109,6 +105,34 @@ class LlamaRunner:
             return F.linear(x, weight)
         out = F.linear(x.to(self.matmul_dtype), weight)
         return out.to(x.dtype) if widen else out
+
+
+# model -> (stamp, prepared weights): a request builds a runner, and fusing and casting the weights each time cost
+# 6-17 ms for the code target here; the stamp (each parameter's storage and in-place version counter) notices any
+# update, e.g. a draft trained while serving
+_PREPARED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _prepared_weights(model, matmul_dtype: torch.dtype | None):
+    """(lm_head, [per layer {qkv, out, gate_up, down}]): q/k/v and gate/up fused, in `matmul_dtype` if given."""
+    stamp = (matmul_dtype, tuple((p.data_ptr(), p._version) for p in model.parameters()))
+    cached = _PREPARED.get(model)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+
+    def prepare(weight: torch.Tensor) -> torch.Tensor:
+        return weight.detach().to(matmul_dtype) if matmul_dtype is not None else weight.detach()
+
+    layers = []
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        layers.append({"qkv": prepare(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])),
+                       "out": prepare(attn.o_proj.weight),
+                       "gate_up": prepare(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                       "down": prepare(mlp.down_proj.weight)})
+    prepared = (prepare(model.lm_head.weight), layers)
+    _PREPARED[model] = (stamp, prepared)
+    return prepared
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

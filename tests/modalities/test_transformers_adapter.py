@@ -179,3 +179,19 @@ def test_bfloat16_linears_score_a_window_as_single_steps_do(monkeypatch):
     assert llama_runner.fast_matmul_dtype(model) is None
     with pytest.raises(InvalidRequest, match="Llama"):
         TransformersTarget(tiny_gemma3(), matmul_dtype=torch.bfloat16)
+
+
+def test_the_runner_reuses_prepared_weights_until_the_model_changes():
+    # each request builds a runner; the fused weights are made once per model and rebuilt after any in-place update
+    # (a draft trained while serving), so a new runner always scores with the current weights
+    model = tiny_llama(seed=9).float()
+    first, second = TransformersTarget(model).runner, TransformersTarget(model).runner
+    assert first.layers[0]["qkv"] is second.layers[0]["qkv"]
+    with torch.no_grad():
+        model.model.layers[0].self_attn.q_proj.weight.mul_(3.0)  # q/k/v are fused into a copy
+    fresh = TransformersTarget(model)
+    assert fresh.runner.layers[0]["qkv"] is not first.layers[0]["qkv"]
+    tokens = torch.tensor([[1, 2, 3]])
+    fresh.prefill([tokens[0, :1]])
+    scored = fresh.score(tokens[:, :1], torch.tensor([[0]]), torch.tensor([0]))
+    assert torch.allclose(scored[0, 0], model(tokens[:, :1]).logits[0, 0].detach(), atol=1e-5)
