@@ -192,6 +192,6 @@ def test_the_runner_reuses_prepared_weights_until_the_model_changes():
     fresh = TransformersTarget(model)
     assert fresh.runner.layers[0]["qkv"] is not first.layers[0]["qkv"]
     tokens = torch.tensor([[1, 2, 3]])
-    fresh.prefill([tokens[0, :1]])
-    scored = fresh.score(tokens[:, :1], torch.tensor([[0]]), torch.tensor([0]))
-    assert torch.allclose(scored[0, 0], model(tokens[:, :1]).logits[0, 0].detach(), atol=1e-5)
+    fresh.prefill([tokens[0]])  # caches tokens 1 and 2: the last token's attention depends on q
+    scored = fresh.score(tokens[:, 2:], torch.tensor([[2]]), torch.tensor([0]))
+    assert torch.allclose(scored[0, 0], model(tokens).logits[0, 2].detach(), atol=1e-5)
