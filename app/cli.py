@@ -236,7 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="classifier-free guidance scale, 1 = off (default: the model's recipe)")
             p.add_argument("--window", type=_int_at_least(2, 256), metavar="L",
                            help="Jacobi window: tokens scored per step (default: the method's)")
-            p.add_argument("--init", choices=("random", "left"), help="how empty window slots are drafted")
+            p.add_argument("--init", choices=("random", "left"),
+                           help="how empty window slots are drafted (default: the method's, docs/methods.md)")
             if modality == "image":
                 p.add_argument("--head", metavar="DIR", help="eagle/lantern/lantern++: the draft head folder "
                                                              "(default: the shipped assets/image/head)")

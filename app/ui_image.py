@@ -101,7 +101,9 @@ def make_image_runner(image_models: ImageModels):
         params = {}
         jacobi = (spec.drafter or "").startswith("jacobi")
         if jacobi:
-            params = {"window": _check_number(gr, "window", window, 2, 256, integer=True), "init": init or "random"}
+            params = {"window": _check_number(gr, "window", window, 2, 256, integer=True)}
+            if init:  # else the method's own default
+                params["init"] = init
         elif method == "lantern++":
             params = {"lam": _check_number(gr, "lambda", lam, 1.0, 1000.0)}
         def body():
@@ -173,7 +175,7 @@ def build_image_tab(gr, image_models: ImageModels, *, concurrency_limit: int, co
     examples = video_data.EXAMPLE_PROMPTS if modality == "video" else conditions.EXAMPLE_PROMPTS
     methods = registry.method_names(modality)
     default = "mc-sjd" if "mc-sjd" in methods else methods[0]
-    window_default = registry.get_method(modality, default).resolve_knobs({}).get("window", 32)
+    knobs = registry.get_method(modality, default).resolve_knobs({})
     with gr.Tab(modality.capitalize(), id=modality, elem_id=f"tab-{modality}"):
         with gr.Row():
             with gr.Column(scale=1):
@@ -189,9 +191,9 @@ def build_image_tab(gr, image_models: ImageModels, *, concurrency_limit: int, co
                     run = gr.Button("Run", variant="primary", elem_id=f"{modality}-run")
                     stop = gr.Button("Stop", variant="stop", elem_id=f"{modality}-stop")
                 with gr.Accordion("Settings", open=True):
-                    window = gr.Slider(2, 128, value=window_default, step=1, label="window L",
+                    window = gr.Slider(2, 128, value=knobs.get("window", 32), step=1, label="window L",
                                        info="tokens scored per step (Jacobi methods)", elem_id=f"{modality}-window")
-                    init = gr.Radio(["random", "left"], value="random", label="initial drafts",
+                    init = gr.Radio(["random", "left"], value=knobs.get("init", "random"), label="initial drafts",
                                     elem_id=f"{modality}-init")
                     lam = gr.Slider(1.0, 20.0, value=5.0, step=0.5, label="λ (lantern++)",
                                     info="p~ <= λ p: how much mass a code may borrow from its latent neighbours; "
@@ -220,5 +222,14 @@ def build_image_tab(gr, image_models: ImageModels, *, concurrency_limit: int, co
                       [output, stats_panel, plot, stats_json], api_name=f"generate_{modality}",
                       concurrency_limit=concurrency_limit, concurrency_id=concurrency_id)
     stop.click(None, None, None, cancels=[event], api_name=False)
+    method.change(lambda name: jacobi_knob_defaults(gr, modality, name), [method], [window, init], api_name=False)
     return event
+
+
+def jacobi_knob_defaults(gr, modality: str, method: str):
+    """The window and initial drafts a method starts from, set when the method changes (the coupled methods copy
+    the previous code, SJD draws at random); unchanged for methods without them."""
+    knobs = registry.get_method(modality, method).resolve_knobs({}) if method in registry.method_names(modality) else {}
+    return (gr.update(value=knobs["window"]) if "window" in knobs else gr.update(),
+            gr.update(value=knobs["init"]) if "init" in knobs else gr.update())
 

@@ -353,3 +353,20 @@ def test_the_text_tab_starts_knobs_from_the_served_models_preferences(tmp_path):
     assert on_code.knob_value(knob, "svip") == knob.default  # no measurement for it: the slider's default
     elsewhere = TextModels(model=str(tmp_path / "some-model"))
     assert elsewhere.knob_value(knob, "ngram") == registry.get_method("text", "ngram").knobs[0].default == knob.default
+
+
+def test_the_image_tab_starts_each_method_from_its_own_window_and_initial_drafts():
+    """Picking a Jacobi method sets the window and the initial drafts to that method's defaults (the coupled
+    methods copy the previous code, SJD draws at random); other methods leave them alone. Nothing loads."""
+    import gradio as gr
+
+    from specgen.app.ui_image import jacobi_knob_defaults
+    from specgen.samplers import registry
+
+    for method in ("sjd", "mc-sjd", "gumbel-sjd"):
+        knobs = registry.get_method("image", method).resolve_knobs({})
+        window, init = jacobi_knob_defaults(gr, "image", method)
+        assert (window["value"], init["value"]) == (knobs["window"], knobs["init"])
+    assert jacobi_knob_defaults(gr, "image", "sjd")[1]["value"] == "random"
+    assert jacobi_knob_defaults(gr, "image", "mc-sjd")[1]["value"] == "left"
+    assert all("value" not in update for update in jacobi_knob_defaults(gr, "image", "ar"))
