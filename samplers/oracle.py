@@ -168,7 +168,7 @@ def exact_output(lm, processing, rule, proposals, prompt, horizon) -> dict[tuple
 
 
 def jacobi_output(lm, processing, prompt, horizon, *, window: int, coupling: str, init_law=None, init="random",
-                  stored_law=None) -> dict[tuple, float]:
+                  stored_law=None, noise_keyed_by: str = "position") -> dict[tuple, float]:
     """Exact output distribution of Jacobi decoding (samplers.jacobi), enumerated over the process's states
     (committed prefix, uncommitted drafts with their laws and, for the Gumbel coupling, what the drafts drawn so far
     reveal of each position's noise).
@@ -179,7 +179,9 @@ def jacobi_output(lm, processing, prompt, horizon, *, window: int, coupling: str
     step, so a position's earlier drafts condition its later ones. With two tokens the draw depends on g only
     through d = g_1 - g_0, which is logistic: token 1 wins iff d > log law_0 - log law_1. The state then keeps an
     interval for each uncommitted position's d, and every draw splits it with exact logistic masses; larger
-    vocabularies would need the Gumbel mass of polyhedra, so the Gumbel coupling is enumerated for two tokens."""
+    vocabularies would need the Gumbel mass of polyhedra, so the Gumbel coupling is enumerated for two tokens.
+    noise_keyed_by="slot" (a negative control) keys the noise by the slot's index in the window instead, so after
+    a commit a slot reuses noise that an earlier draw at another position has already conditioned."""
     from specgen.kernels import reference
 
     stored_law = stored_law or (lambda old, new, kept: new)
@@ -239,8 +241,9 @@ def jacobi_output(lm, processing, prompt, horizon, *, window: int, coupling: str
     def dist(prefix: tuple, drafts: tuple, need: int, noise: dict | None = None) -> dict[tuple, float]:
         if need <= 0:
             return {(): 1.0}
-        # the noise of committed positions is never read again
-        noise = {position: interval for position, interval in (noise or {}).items() if position >= len(prefix)}
+        noise = dict(noise or {})
+        if noise_keyed_by == "position":  # the noise of committed positions is never read again
+            noise = {position: interval for position, interval in noise.items() if position >= len(prefix)}
         key = (prefix, tuple((t, law.numpy().tobytes()) for t, law in drafts), need, tuple(sorted(noise.items())))
         if key in memo:
             return memo[key]
@@ -261,7 +264,8 @@ def jacobi_output(lm, processing, prompt, horizon, *, window: int, coupling: str
                     olds = [full[m] if m < k else None for m in kept_slots]
                     for token in (emit_law > 0).nonzero().flatten().tolist():
                         committed = (tuple(tokens[:stop]) + (token,))[:need]
-                        positions = [len(prefix) + m for m in kept_slots]  # the token a slot's law is for
+                        positions = ([len(prefix) + m for m in kept_slots] if noise_keyed_by == "position"
+                                     else [m - stop - 1 for m in kept_slots])  # the slot in the next window
                         for draft_prob, next_drafts, after in redrafts([target[m] for m in kept_slots], olds,
                                                                        positions, noise):
                             w = weight * float(emit_law[token]) * draft_prob

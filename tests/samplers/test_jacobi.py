@@ -57,6 +57,13 @@ def test_a_gumbel_draft_stored_with_its_old_law_is_caught_by_enumeration():
     assert max_abs_diff(out, target_joint(BINARY, BINARY_PROCESSING, (1, 0), 5)) > 1e-2
 
 
+def test_gumbel_noise_keyed_by_window_slot_is_caught_by_enumeration():
+    # the noise must follow the absolute position: keyed by the slot, a slot reuses after a commit noise that an
+    # earlier draw at another position has already conditioned
+    out = jacobi_output(BINARY, BINARY_PROCESSING, (1, 0), 5, window=3, coupling="gumbel", noise_keyed_by="slot")
+    assert max_abs_diff(out, target_joint(BINARY, BINARY_PROCESSING, (1, 0), 5)) > 1e-3
+
+
 def test_the_gumbel_enumeration_refuses_larger_vocabularies():
     with pytest.raises(ValueError, match="two-token"):
         jacobi_output(GUIDED, ORACLE_PROCESSING, PROMPT, 2, window=2, coupling="gumbel")
