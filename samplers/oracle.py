@@ -208,7 +208,8 @@ def jacobi_output(lm, processing, prompt, horizon, *, window: int, coupling: str
                 yield float(init_law[token]) * prob, full
 
     def redrafts(slot_laws, olds, positions, noise):
-        """Every joint re-draft of the kept slots: (probability, ((token, stored law), ...), noise after)."""
+        """Every joint re-draft of the kept slots: (probability, ((token, stored law), ...), noise after). Each
+        slot's choice is (probability, token, stored law, (position, noise interval) for Gumbel draws or None)."""
         options = []
         for target_law, old, position in zip(slot_laws, olds, positions):
             choices = []
@@ -221,22 +222,23 @@ def jacobi_output(lm, processing, prompt, horizon, *, window: int, coupling: str
                 token, law = old
                 keep = float(reference.accept_probability(target_law[token], law[token]))
                 if keep > 0:
-                    choices.append((keep, token, stored_law(law, target_law, True)))
+                    choices.append((keep, token, stored_law(law, target_law, True), None))
                 residual = reference.residual_probs(target_law, law)
                 for t in (residual > 0).nonzero().flatten().tolist():
                     if keep < 1:
-                        choices.append(((1 - keep) * float(residual[t]), t, stored_law(law, target_law, False)))
+                        choices.append(((1 - keep) * float(residual[t]), t, stored_law(law, target_law, False),
+                                        None))
             else:
                 for t in (target_law > 0).nonzero().flatten().tolist():
-                    choices.append((float(target_law[t]), t, target_law))
+                    choices.append((float(target_law[t]), t, target_law, None))
             options.append(choices)
         for combo in itertools.product(*options):
             prob = 1.0
-            for p, *_ in combo:
+            for p, _, _, _ in combo:
                 prob *= p
             after = dict(noise)
-            after.update(c[3] for c in combo if len(c) > 3)
-            yield prob, tuple((c[1], c[2]) for c in combo), after
+            after.update(drawn for _, _, _, drawn in combo if drawn is not None)
+            yield prob, tuple((token, law) for _, token, law, _ in combo), after
 
     def dist(prefix: tuple, drafts: tuple, need: int, noise: dict | None = None) -> dict[tuple, float]:
         if need <= 0:
