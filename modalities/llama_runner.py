@@ -16,7 +16,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from specgen.kernels import query_attention
+from specgen.kernels import decode_step, query_attention
 
 SUPPORTED = ("llama",)
 
@@ -47,6 +47,9 @@ class LlamaRunner:
 
             self.head = Int8Linear.from_linear(model.lm_head)
         self.keep_hidden, self.last_hidden = False, None
+        # drafts opt in: one new token per row runs as one compiled call (`kernels.decode_step`), equal to this
+        # forward up to float32 rounding (a draft's law is what its forward computed, so exactness holds)
+        self.decode_kernel = False
         self.layers = []
         for layer, prepared in zip(body.layers, weights):
             self.layers.append({
@@ -68,8 +71,11 @@ class LlamaRunner:
         return self.head(kept) if self.head is not None else self._linear(kept, self.lm_head)
 
     @torch.no_grad()
-    def forward_hidden(self, hidden, positions, cache, attention_mask) -> torch.Tensor:
-        """The layers and the final norm over input vectors `hidden` [rows, n, d]; returns [rows, n, d]."""
+    def forward_hidden(self, hidden, positions, cache, attention_mask, kernel: bool = True) -> torch.Tensor:
+        """The layers and the final norm over input vectors `hidden` [rows, n, d]; returns [rows, n, d].
+        `kernel=False` keeps the torch ops where `decode_kernel` would use the compiled step."""
+        if kernel and decode_step.usable(self, hidden.dtype, attention_mask):
+            return decode_step.decode(self, hidden, positions, cache)
         rows, n = hidden.shape[:2]
         cos, sin = self.rotary(hidden, positions)  # [rows, n, head_dim]
         cos, sin = cos[:, :, None], sin[:, :, None]  # over the heads of q and k together

@@ -28,7 +28,7 @@ class ModelDrafter:
                  vocab_ids: torch.Tensor | None = None, unknown_id: int = 0, capacity: int | None = None,
                  stop_policy=None, lookup=None, int8_head: bool = False):
         # int8_head: the draft's output layer as int8 rows (its law is then that model's; verification stays exact)
-        self.engine = TransformersTarget(model, capacity, int8_head=int8_head)
+        self.engine = TransformersTarget(model, capacity, int8_head=int8_head, decode_kernel=True)
         self.processing = processing
         # lookup.next_token(context) -> a token id or None: slots it fills are point masses (`draft-lookup`)
         self.lookup = lookup

@@ -19,6 +19,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from specgen.errors import InvalidRequest
+from specgen.kernels import decode_step
 from specgen.modalities import gemma_runner, llama_runner
 
 
@@ -38,15 +39,15 @@ class PositionCache(Cache):
 
     def begin(self, rows: torch.Tensor, window: int) -> int:
         """Prepare a forward over `rows` writing `window` slots per row; returns the key length it attends."""
-        if int(self.lengths[rows].max()) + window > self.capacity:
+        shortest, longest = (int(x) for x in self.lengths[rows].aminmax())
+        if longest + window > self.capacity:
             raise InvalidRequest(f"the context would exceed the model's maximum length of {self.capacity} tokens")
         self.rows, self.window = rows, window
-        lengths = self.lengths[rows]
         self.all_rows = self._all_rows()
-        self.width = int(lengths.max()) + window
+        self.width = longest + window
         # every row at the same length (always so for one row): plain slices instead of indexed writes
-        self.common_start = int(lengths[0]) if bool((lengths == lengths[0]).all()) else None
-        return int(lengths.max()) + window
+        self.common_start = longest if shortest == longest else None
+        return self.width
 
     def _all_rows(self) -> bool:
         return len(self.rows) == self.rows_total and bool((self.rows == torch.arange(self.rows_total)).all())
@@ -104,7 +105,7 @@ class TransformersTarget:
     Set `model.config._attn_implementation` as you like ("sdpa" or "eager"); the mask is always explicit."""
 
     def __init__(self, model, capacity: int | None = None, fast: bool = True, int8_head: bool = False,
-                 matmul_dtype: torch.dtype | None = None):
+                 matmul_dtype: torch.dtype | None = None, decode_kernel: bool = False):
         self.model = model.eval()
         # Llama and Gemma 3 checkpoints run through a compact forward of ours (same weights, same arithmetic;
         # `int8_head`: a Llama output layer as int8 rows, for drafts; `matmul_dtype`: a Llama's linear layers
@@ -114,6 +115,8 @@ class TransformersTarget:
             raise InvalidRequest(f"linear layers in {matmul_dtype} need a Llama-architecture model")
         if fast and llama_runner.supports(model):
             self.runner = llama_runner.LlamaRunner(model, int8_head=int8_head, matmul_dtype=matmul_dtype)
+            # `decode_kernel`: drafts only (one token per row through `kernels.decode_step`, see LlamaRunner)
+            self.runner.decode_kernel = decode_kernel
         elif fast and gemma_runner.supports(model):
             self.runner = gemma_runner.GemmaRunner(model)
         config = model.config
@@ -155,14 +158,20 @@ class TransformersTarget:
               tree_mask: torch.Tensor | None = None) -> torch.Tensor:
         n = tokens.shape[1]
         mask = tree_mask if tree_mask is not None else torch.ones(n, n, dtype=torch.bool).tril().expand(len(rows), n, n)
-        return self._forward(tokens, positions, rows, mask)
+        return self._forward(tokens, positions, rows, mask, causal=tree_mask is None)
 
     def commit(self, kept: torch.Tensor, rows: torch.Tensor) -> None:
         self.cache.rows = rows
         self.cache.commit(kept)
 
+    def _masks_causal_window(self) -> bool:
+        """Whether the runner, given no mask, attends a window causally after each row's cache: the per-query
+        attention of a Llama runner with bfloat16 linears, and a draft's compiled step."""
+        return isinstance(self.runner, llama_runner.LlamaRunner) and (
+            self.runner.matmul_dtype is not None or decode_step.usable(self.runner, self.dtype, None))
+
     @torch.no_grad()  # not inference_mode: the cache tensors are updated in place later
-    def _forward(self, tokens, positions, rows, window_mask, logits_to_keep=0):
+    def _forward(self, tokens, positions, rows, window_mask, logits_to_keep=0, causal: bool = False):
         """tokens/positions: [rows, n]; window_mask: [rows, n, n] bool (slot attends to slot). Float `tokens`
         [rows, n, d] are input vectors (an EAGLE head's fused inputs): the result is then the final-normed hidden
         states, not logits (Llama runner only)."""
@@ -175,9 +184,11 @@ class TransformersTarget:
             run = lambda mask: self.runner.forward_hidden(tokens, positions, self.cache, mask)  # noqa: E731
         elif self.runner is not None:
             run = lambda mask: self.runner.forward(tokens, positions, self.cache, mask, logits_to_keep)  # noqa: E731
-        if (self.runner is not None and n == 1 and self.cache.common_start is not None
-                and (self.sliding_window is None or width <= self.sliding_window)):
-            # one new token per row, every row the same length: it sees every key, no mask needed
+        if (self.runner is not None and self.cache.common_start is not None
+                and (self.sliding_window is None or width <= self.sliding_window)
+                and (n == 1 or causal and self._masks_causal_window())):
+            # every row the same length and one new token per row (it sees every key), or a causal window the
+            # runner's attention masks itself: no mask needed
             return run(None)
         lengths = self.cache.lengths[rows]  # [rows]
         cols = torch.arange(width)

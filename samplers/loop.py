@@ -75,7 +75,8 @@ def verify_step(target: TargetModel, rule: AcceptanceRule, proposal: Draft | Dra
     if isinstance(proposal, DraftTree):
         if bool((proposal.tokens[:, 0] != pending).any()):
             raise InvalidRequest("a DraftTree's root must be the row's last committed token")
-        tokens, positions, mask = proposal.tokens, start[:, None] + proposal.depths, proposal.ancestor_mask
+        tokens, positions = proposal.tokens, start[:, None] + proposal.depths
+        mask = None if proposal.is_chain else proposal.ancestor_mask  # a chain: the causal mask
         drafted_tokens = tokens[:, 1:]
         noise = tree_noise(ctx.seed, ctx.sample_ids, start, proposal.depths, proposal.sibling_rank) if random else None
     else:

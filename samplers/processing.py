@@ -57,7 +57,8 @@ class Processing:
         logits = logits.to(dtype)
         if self.greedy:
             return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-        logits = logits / self.temperature
+        if self.temperature != 1.0:  # dividing by 1 changes no bit: skip the op
+            logits = logits / self.temperature
         if self.top_k and self.top_k < logits.shape[-1]:
             kth = logits.topk(self.top_k, dim=-1).values[..., -1:]
             logits = logits.masked_fill(logits < kth, float("-inf"))  # ties at the k-th value are kept (as HF)

@@ -112,9 +112,25 @@ class DraftTree:
             draft_probs = None if draft_probs is None else draft_probs[None]
         return cls(tokens, parents, draft_probs)
 
+    @classmethod
+    def chain(cls, tokens: torch.Tensor, draft_probs: torch.Tensor | None = None) -> "DraftTree":
+        """A chain as a tree (node n's parent is n - 1; node 0 the root), its mask, depths and ranks known
+        without walking the parents."""
+        batch, nodes = tokens.shape
+        tree = cls(tokens, torch.arange(-1, nodes - 1).repeat(batch, 1), draft_probs)
+        tree.__dict__.update(is_chain=True, depths=torch.arange(nodes).repeat(batch, 1),
+                             ancestor_mask=torch.ones(nodes, nodes, dtype=torch.bool).tril().repeat(batch, 1, 1),
+                             sibling_rank=torch.zeros_like(tokens))  # what the cached properties would compute
+        return tree
+
     @property
     def batch_size(self) -> int:
         return self.tokens.shape[0]
+
+    @cached_property
+    def is_chain(self) -> bool:
+        """Every node's parent is the node before it: the causal mask of a chain, no tree mask needed."""
+        return bool((self.parents == torch.arange(-1, self.num_nodes - 1)).all())
 
     @property
     def num_nodes(self) -> int:

@@ -13,6 +13,7 @@ relaxed `lantern` (delta) and `lantern++` (lambda) over latent neighbours in the
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +53,12 @@ class CodesOnly:
     num_codes: int
 
     def __call__(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return logits.index_fill(-1, torch.arange(self.num_codes, logits.shape[-1]), float("-inf"))
+        return logits.index_fill(-1, _ids_from(self.num_codes, logits.shape[-1]), float("-inf"))
+
+
+@functools.lru_cache(maxsize=16)
+def _ids_from(start: int, stop: int) -> torch.Tensor:
+    return torch.arange(start, stop)  # made once per vocabulary: the hook runs at every step
 
 
 @dataclass(frozen=True)

@@ -56,13 +56,16 @@ def test_lambda_one_gives_eagles_samples_and_relaxing_accepts_more(grid4):
 
 
 @pytest.mark.slow
-def test_sampled_eagle_matches_the_guided_target_and_relaxed_lantern_does_not(grid2):
+# a tree (drafted node by node with an ancestor mask), and a chain (one new pair per level through the head's
+# compiled float32 step, verified under the causal mask, walked by the batched chain walk)
+@pytest.mark.parametrize("shape,dtype", [("k-ary-2x2", torch.float64), ("chain-3", torch.float32)])
+def test_sampled_eagle_matches_the_guided_target_and_relaxed_lantern_does_not(grid2, shape, dtype):
     model, vq, head = grid2
-    generator = ImageGenerator(model, vq, head=head, dtype=torch.float64)
+    generator = ImageGenerator(model, vq, head=head, dtype=dtype)
     prompt, scale = "blue 3", 2.0
     oracle = GuidedTransformers(generator.model, generator.vocab, prompt, scale)
     expected = target_joint(oracle, Processing(top_k=3, hooks=(CodesOnly(4),)), oracle.prompt, 4)
-    options = dict(top_k=3, guidance_scale=scale, num_samples=2000, seed=5, shape="k-ary-2x2")
+    options = dict(top_k=3, guidance_scale=scale, num_samples=2000, seed=5, shape=shape)
     exact = generator.generate(prompt, method="eagle", **options)
     fit = goodness_of_fit([tuple(t) for t in exact.tokens], expected)
     assert fit.p_value > 1e-4, fit

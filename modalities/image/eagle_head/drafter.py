@@ -23,11 +23,13 @@ from typing import Sequence
 
 import torch
 
+from specgen.kernels import sample_categorical
 from specgen.modalities.image.eagle_head.head import EagleHead
 from specgen.modalities.llama_runner import fast_matmul_dtype
 from specgen.modalities.transformers_adapter import TransformersTarget
 from specgen.modalities.tree_drafter import tree_from_builders, trees_ancestor_mask
 from specgen.samplers import trees
+from specgen.samplers.noise import Purpose, counter_uniform
 from specgen.samplers.processing import Processing
 from specgen.samplers.types import DecodeContext, DraftTree
 
@@ -48,9 +50,11 @@ class EagleTreeDrafter:
         self.lm_head = target_model.lm_head.weight.detach()
         self.head = head
         self.engine = TransformersTarget(head.body, capacity=capacity + 2 * len(shape) + 2,
-                                         matmul_dtype=fast_matmul_dtype(head.body))
+                                         matmul_dtype=fast_matmul_dtype(head.body), decode_kernel=True)
         self.processing = processing
         self.shape = list(shape)
+        # a chain (every node one child) drafts level by level with one new pair per forward (`_run_chain`)
+        self.chain = all(parent == node - 1 for node, parent in enumerate(self.shape) if node)
         self.siblings = "deterministic" if processing.greedy else (siblings or "without_replacement")
         self.rank_processing = processing if not processing.greedy else Processing(
             temperature=1.0, top_k=processing.top_k, guidance_scale=processing.guidance_scale, hooks=processing.hooks)
@@ -94,9 +98,10 @@ class EagleTreeDrafter:
         contexts = [self._tokens(ctx.tokens[i % len(rows)], i // len(rows)) for i in range(len(head_rows))]
         root_features = self._catch_up(head_rows.tolist(), contexts)  # [head rows, d]: predicted f_{L-1}
         root_laws = self._laws(root_features[:, None], (ctx.next_positions)[:, None])[:, 0]  # [rows, vocab]
+        if self.chain:
+            return self._chain(ctx, root_features, root_laws, head_rows, min(len(self.shape) - 1, max(1, budget)))
         builders = [self._builder(ctx, i, budget) for i in range(len(rows))]
         node_features: list[dict[int, torch.Tensor]] = [{0: root_features[i::len(rows)]} for i in range(len(rows))]
-
         score = lambda later, wanted: self._score_nodes(ctx, builders, node_features, later, wanted, halves)  # noqa: E731
         trees.run_builders(builders, trees.laws_with_root(root_laws, score))
         return tree_from_builders(builders, self.lm_head.shape[0], self.siblings == "without_replacement")
@@ -124,18 +129,25 @@ class EagleTreeDrafter:
         starts = [self.head_len[r] + 1 for r in head_rows]
         ends = [len(c) - 1 for c in contexts]  # the pending token's position
         width = max(e - s + 1 for s, e in zip(starts, ends))
-        dim = self.embed.shape[1]
-        inputs = self.embed.new_zeros(len(head_rows), width, dim)
-        positions = torch.zeros(len(head_rows), width, dtype=torch.long)
         counts = torch.tensor([e - s + 1 for s, e in zip(starts, ends)])
-        for j, (r, s, e, context) in enumerate(zip(head_rows, starts, ends, contexts)):
-            t = torch.arange(s, e + 1)
-            inputs[j, : len(t)] = self._pair(context[t], self.features[r][t - 1])
-            positions[j, : len(t)] = t
-            positions[j, len(t):] = e  # padding slots: never kept
+        if len(set(starts)) == 1 and len(set(ends)) == 1:  # rows in step (an image and its guidance twin)
+            t = torch.arange(starts[0], ends[0] + 1)
+            features = torch.stack([self.features[r][t - 1] for r in head_rows])  # [rows, width, d]
+            inputs = self._pair(torch.stack([c[t] for c in contexts]), features)
+            positions = t.expand(len(head_rows), -1)
+        else:
+            inputs = self.embed.new_zeros(len(head_rows), width, self.embed.shape[1])
+            positions = torch.zeros(len(head_rows), width, dtype=torch.long)
+            for j, (r, s, e, context) in enumerate(zip(head_rows, starts, ends, contexts)):
+                t = torch.arange(s, e + 1)
+                inputs[j, : len(t)] = self._pair(context[t], self.features[r][t - 1])
+                positions[j, : len(t)] = t
+                positions[j, len(t):] = e  # padding slots: never kept
         valid = torch.arange(width) < counts[:, None]
-        mask = torch.ones(width, width, dtype=torch.bool).tril() & valid[:, None, :]
-        mask |= torch.eye(width, dtype=torch.bool)
+        mask = None  # every row the same count: a plain causal window
+        if not bool(valid.all()):
+            mask = torch.ones(width, width, dtype=torch.bool).tril() & valid[:, None, :]
+            mask |= torch.eye(width, dtype=torch.bool)
         hidden = self.engine.score(inputs, positions, torch.tensor(head_rows), mask)  # [rows, width, d]
         self.forward_calls += 1
         self.engine.commit(valid, torch.tensor(head_rows))
@@ -150,6 +162,42 @@ class EagleTreeDrafter:
             cond, uncond = logits.chunk(2)
             return self.rank_processing(cond, positions, uncond)
         return self.rank_processing(logits, positions)
+
+    def _chain(self, ctx, features: torch.Tensor, root_laws: torch.Tensor, head_rows: torch.Tensor,
+               depth: int) -> DraftTree:
+        """A chain of `depth` drafted tokens, level by level with one new pair per head row and forward: each
+        level's pair is committed to the head cache (its ancestors are the path already there), and the cache is
+        rolled back to the true pairs after. One child per node is a plain draw from the node's law (inverse CDF,
+        the same law as Gumbel-top-1) with a uniform keyed by (seed, sample, its position, DRAFT), as a draft
+        model's chain draws. features: [head rows, d], the root's predicted features; root_laws: [rows, vocab]."""
+        rows, halves = len(ctx.rows), len(head_rows) // len(ctx.rows)
+        root_positions = ctx.next_positions - 1  # [rows]
+        uniforms = None
+        if self.siblings != "deterministic":
+            levels = root_positions[:, None] + torch.arange(1, depth + 1)  # [rows, depth]
+            uniforms = counter_uniform(ctx.seed, ctx.sample_ids[:, None], levels, Purpose.DRAFT)
+        laws, tokens = [root_laws], [torch.tensor([int(t[-1]) for t in ctx.tokens])]
+        lengths = self.engine.cache.lengths[head_rows].clone()
+        try:
+            for level in range(1, depth + 1):
+                law = laws[-1]
+                token = law.argmax(-1) if uniforms is None else sample_categorical(law, uniforms[:, level - 1])
+                tokens.append(token)  # [rows]
+                if level == depth:
+                    break
+                positions = (root_positions + level)[:, None]  # [rows, 1]
+                inputs = self._pair(token.repeat(halves), features)[:, None]  # [head rows, 1, d]
+                hidden = self.engine.score(inputs, positions.repeat(halves, 1), head_rows)
+                self.forward_calls += 1
+                self.engine.cache.lengths[head_rows] += 1  # keep the pair: the next level attends to it
+                features = hidden[:, 0]
+                laws.append(self._laws(hidden, positions + 1)[:, 0])  # [rows, vocab]
+        finally:
+            self.engine.cache.lengths[head_rows] = lengths
+        probs = None
+        if self.siblings == "without_replacement":  # node n's law drew node n + 1; the leaf drew nothing
+            probs = torch.stack(laws + [torch.zeros_like(root_laws)], 1)  # [rows, depth + 1, vocab]
+        return DraftTree.chain(torch.stack(tokens, 1), probs)
 
     def _score_nodes(self, ctx, builders, node_features, index, requests, halves) -> list[dict]:
         """Laws at the requested nodes (rows `index`), from one head forward over them and their non-root

@@ -1,0 +1,278 @@
+"""A short causal window per row through a float32 Llama stack in one compiled call: a draft's decoding step.
+
+A draft model (or an EAGLE-style head) decodes one token per row per forward, and at that size a forward is
+almost all per-op overhead: about 45 small torch calls per layer, ~0.3 ms for one layer of width 256 on one
+CPU thread. This kernel runs the whole stack for n new slots per row (RMSNorm, fused q/k/v, rotary, the KV
+writes at the row's next slots, causal attention over the cache and the window, the output projection,
+SwiGLU, residuals, final norm) in plain loops over the same weights, with no torch call in between; drafts
+use it for each drafted token and to catch up on the tokens verification committed. `reference` is its torch twin, the
+runner's own arithmetic.
+
+Sums are taken in a different order than MKL's, so results agree with the torch path to float32 rounding,
+not bit for bit. That is why only drafts use it (`LlamaRunner.decode_kernel`): a draft's law is whatever its
+forward computed, and verification reads that same law, so exactness never depends on the draft's bits. A
+target must score a token the same way alone and in a window, and keeps the torch path.
+Float32 only; it builds on first use beside the other CPU kernels (same compiler requirements), and where it
+cannot build the runner keeps the torch path (`SPECGEN_DECODE_KERNEL=off` turns it off).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = r"""
+#include <torch/extension.h>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+typedef float v8 __attribute__((vector_size(32)));
+
+static inline float dot(const float* a, const float* b, int64_t n) {
+  v8 acc0 = {0}, acc1 = {0};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    v8 x0, y0, x1, y1;
+    std::memcpy(&x0, a + i, 32);
+    std::memcpy(&y0, b + i, 32);
+    std::memcpy(&x1, a + i + 8, 32);
+    std::memcpy(&y1, b + i + 8, 32);
+    acc0 += x0 * y0;
+    acc1 += x1 * y1;
+  }
+  for (; i + 8 <= n; i += 8) {
+    v8 x0, y0;
+    std::memcpy(&x0, a + i, 32);
+    std::memcpy(&y0, b + i, 32);
+    acc0 += x0 * y0;
+  }
+  v8 acc = acc0 + acc1;
+  float lanes[8];
+  std::memcpy(lanes, &acc, 32);
+  float s = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// out[r, o] = W[o] . x[r] for R rows: each weight row is read once and used for every input row
+static void matvec(const float* w, const float* x, float* out, int64_t rows, int64_t outs, int64_t ins) {
+  for (int64_t o = 0; o < outs; ++o) {
+    const float* wo = w + o * ins;
+    for (int64_t r = 0; r < rows; ++r) out[r * outs + o] = dot(wo, x + r * ins, ins);
+  }
+}
+
+static void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t d, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * d;
+    float ss = dot(xr, xr, d);
+    const float inv = 1.f / std::sqrt(ss / d + eps);
+    for (int64_t i = 0; i < d; ++i) out[r * d + i] = w[i] * (xr[i] * inv);
+  }
+}
+
+// x[i] * cos[i] + rotate_half(x)[i] * sin[i] in place, rotate_half(x) = [-x[h:], x[:h]]
+static void rope(float* x, const float* cs, const float* sn, int64_t hd) {
+  const int64_t h = hd / 2;
+  float tmp[512];
+  for (int64_t i = 0; i < h; ++i) tmp[i] = x[i] * cs[i] - x[i + h] * sn[i];
+  for (int64_t i = h; i < hd; ++i) tmp[i] = x[i] * cs[i] + x[i - h] * sn[i];
+  std::memcpy(x, tmp, hd * sizeof(float));
+}
+
+// hidden [R, n, d]: n new slots per row, written at slots[r] .. slots[r] + n - 1 of cache row rows[r]; slot j of a row
+// attends to every cached slot and to the window's slots up to j (causal). Returns the final-normed [R, n, d].
+torch::Tensor decode_layers(torch::Tensor hidden, torch::Tensor positions, torch::Tensor inv_freq,
+                            double rope_scaling, std::vector<torch::Tensor> weights, torch::Tensor final_norm,
+                            std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
+                            torch::Tensor rows, torch::Tensor slots, int64_t heads, int64_t kv_heads,
+                            int64_t head_dim, std::vector<double> eps, std::vector<double> scales) {
+  TORCH_CHECK(hidden.dtype() == torch::kFloat32 && hidden.is_contiguous() && hidden.dim() == 3, "hidden: [R, n, d] f32");
+  TORCH_CHECK(head_dim <= 512 && head_dim % 2 == 0, "head_dim must be even and at most 512");
+  const int64_t n = hidden.size(1), T = hidden.size(0) * n, d = hidden.size(2), layers = (int64_t)keys.size();
+  TORCH_CHECK(positions.numel() == T && rows.numel() == hidden.size(0) && slots.numel() == hidden.size(0), "shapes");
+  TORCH_CHECK((int64_t)weights.size() == 6 * layers && (int64_t)eps.size() == 2 * layers + 1, "weights per layer");
+  const int64_t qs = heads * head_dim, kvs = kv_heads * head_dim, group = heads / kv_heads;
+  const int64_t inter = weights[5].size(1), width = qs + 2 * kvs;
+  auto out = hidden.clone();
+  float* h = out.data_ptr<float>();
+  // token t = row t / n, window slot t % n: its cache row, its cache slot, and the rotary tables as the model's
+  // rotary module makes them (angle = position * inv_freq in float32, the halves repeated)
+  std::vector<int64_t> row_of(T), slot_of(T);
+  std::vector<float> cs(T * head_dim), sn(T * head_dim);
+  const float* freq = inv_freq.data_ptr<float>();
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  int64_t longest = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    row_of[t] = rows.data_ptr<int64_t>()[t / n];
+    slot_of[t] = slots.data_ptr<int64_t>()[t / n] + t % n;
+    longest = slot_of[t] + 1 > longest ? slot_of[t] + 1 : longest;
+    for (int64_t i = 0; i < head_dim; ++i) {
+      const float angle = (float)pos[t] * freq[i % (head_dim / 2)];
+      cs[t * head_dim + i] = std::cos(angle) * (float)rope_scaling;
+      sn[t * head_dim + i] = std::sin(angle) * (float)rope_scaling;
+    }
+  }
+  std::vector<float> x(T * d), qkv(T * width), att(T * qs), proj(T * d), gu(T * 2 * inter), act(T * inter);
+  std::vector<float> scores(longest), acc(head_dim);
+  for (int64_t l = 0; l < layers; ++l) {
+    const float* norm_in = weights[6 * l].data_ptr<float>();
+    const float* w_qkv = weights[6 * l + 1].data_ptr<float>();
+    const float* w_out = weights[6 * l + 2].data_ptr<float>();
+    const float* norm_post = weights[6 * l + 3].data_ptr<float>();
+    const float* w_gu = weights[6 * l + 4].data_ptr<float>();
+    const float* w_down = weights[6 * l + 5].data_ptr<float>();
+    float* kc = keys[l].data_ptr<float>();
+    float* vc = values[l].data_ptr<float>();
+    const int64_t kb = keys[l].stride(0), kh = keys[l].stride(1), ksl = keys[l].stride(2);
+    const int64_t vb = values[l].stride(0), vh = values[l].stride(1), vsl = values[l].stride(2);
+    const float scale = (float)scales[l];
+    rms_norm(h, norm_in, x.data(), T, d, (float)eps[2 * l]);
+    matvec(w_qkv, x.data(), qkv.data(), T, width, d);
+    for (int64_t t = 0; t < T; ++t) {  // rotary on q and k, then every window slot's key and value into the cache
+      float* q = qkv.data() + t * width;
+      for (int64_t a = 0; a < heads + kv_heads; ++a)
+        rope(q + a * head_dim, cs.data() + t * head_dim, sn.data() + t * head_dim, head_dim);
+      for (int64_t g = 0; g < kv_heads; ++g) {
+        std::memcpy(kc + row_of[t] * kb + g * kh + slot_of[t] * ksl, q + qs + g * head_dim, head_dim * sizeof(float));
+        std::memcpy(vc + row_of[t] * vb + g * vh + slot_of[t] * vsl, q + qs + kvs + g * head_dim,
+                    head_dim * sizeof(float));
+      }
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      const float* q = qkv.data() + t * width;
+      const int64_t count = slot_of[t] + 1;  // the cache and the window up to this slot
+      for (int64_t a = 0; a < heads; ++a) {
+        const int64_t g = a / group;
+        const float* kbase = kc + row_of[t] * kb + g * kh;
+        const float* vbase = vc + row_of[t] * vb + g * vh;
+        float top = -INFINITY;
+        for (int64_t c = 0; c < count; ++c) {
+          scores[c] = scale * dot(q + a * head_dim, kbase + c * ksl, head_dim);
+          top = scores[c] > top ? scores[c] : top;
+        }
+        float total = 0.f;
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t c = 0; c < count; ++c) {
+          const float wgt = std::exp(scores[c] - top);
+          total += wgt;
+          const float* vv = vbase + c * vsl;
+          for (int64_t i = 0; i < head_dim; ++i) acc[i] += wgt * vv[i];
+        }
+        for (int64_t i = 0; i < head_dim; ++i) att[t * qs + a * head_dim + i] = acc[i] / total;
+      }
+    }
+    matvec(w_out, att.data(), proj.data(), T, d, qs);
+    for (int64_t i = 0; i < T * d; ++i) h[i] += proj[i];
+    rms_norm(h, norm_post, x.data(), T, d, (float)eps[2 * l + 1]);
+    matvec(w_gu, x.data(), gu.data(), T, 2 * inter, d);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t i = 0; i < inter; ++i) {
+        const float gate = gu[t * 2 * inter + i], up = gu[t * 2 * inter + inter + i];
+        act[t * inter + i] = gate / (1.f + std::exp(-gate)) * up;
+      }
+    }
+    matvec(w_down, act.data(), proj.data(), T, d, inter);
+    for (int64_t i = 0; i < T * d; ++i) h[i] += proj[i];
+  }
+  auto normed = torch::empty_like(out);
+  rms_norm(h, final_norm.data_ptr<float>(), normed.data_ptr<float>(), T, d, (float)eps[2 * layers]);
+  return normed;
+}
+"""
+
+_module = None
+_tried = False
+
+
+def load():
+    """The compiled module, or None where it cannot be built (the runner keeps its torch path)."""
+    global _module, _tried
+    if _tried:
+        return _module
+    _tried = True
+    from specgen.kernels import int8_rows
+
+    if os.environ.get("SPECGEN_DECODE_KERNEL", "auto") == "off" or not int8_rows.buildable():
+        return None
+    try:
+        from torch.utils.cpp_extension import load_inline
+
+        flags = int8_rows._compile_flags()
+        name = "specgen_decode_step_" + hashlib.sha256((SOURCE + " ".join(flags)).encode()).hexdigest()[:12]
+        log.info("building the draft decoding CPU kernel once (about 30 s)")
+        _module = load_inline(name, cpp_sources=SOURCE, functions=["decode_layers"], extra_cflags=flags,
+                              verbose=False)
+    except Exception as exc:  # noqa: BLE001 - any build failure means: keep the torch path
+        log.warning("draft decoding CPU kernel unavailable (%s); using torch ops", str(exc).splitlines()[0])
+        _module = None
+    return _module
+
+
+def available() -> bool:
+    return load() is not None
+
+
+def usable(runner, dtype: torch.dtype, attention_mask) -> bool:
+    """Whether `decode` can run this forward: a draft that opted in, no explicit mask (a causal window after the
+    rows' whole caches), float32, and a rotary embedding with fixed frequencies (not the dynamic kinds, which
+    rescale with the sequence length)."""
+    return (getattr(runner, "decode_kernel", False) and attention_mask is None and runner.matmul_dtype is None
+            and dtype == torch.float32 and _static_rope(runner.rotary) and runner.head_dim <= 512
+            and available())
+
+
+def _static_rope(rotary) -> bool:
+    kind = str(getattr(rotary, "rope_type", "default"))
+    return hasattr(rotary, "inv_freq") and "dynamic" not in kind and kind != "longrope"
+
+
+def decode(runner, hidden: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+    """hidden [rows, n, d] input vectors, positions [rows, n]; writes each layer's keys and values at the row's
+    slots `cache.lengths[row]` onwards (as `PositionCache.update` would) and returns the final-normed
+    [rows, n, d]. Slot j attends to the row's cache and to window slots 0..j."""
+    weights, final_norm, eps, scales, inv_freq, rope_scaling = _arguments(runner)
+    _ensure_storage(runner, cache, hidden)
+    rows, layers = cache.rows, range(len(runner.layers))
+    return load().decode_layers(hidden.contiguous(), positions.contiguous(), inv_freq, rope_scaling, weights,
+                                final_norm, [cache.keys[i] for i in layers], [cache.values[i] for i in layers],
+                                rows.contiguous(), cache.lengths[rows], runner.heads, runner.kv_heads,
+                                runner.head_dim, eps, scales)
+
+
+def _arguments(runner) -> tuple:
+    """The runner's weights as the kernel reads them (6 per layer, contiguous float32), made once per runner."""
+    if getattr(runner, "_decode_arguments", None) is None:
+        weights, eps, scales = [], [], []
+        for layer in runner.layers:
+            weights += [w.contiguous() for w in (layer["norm_in"][0], layer["qkv"], layer["out"],
+                                                 layer["norm_post"][0], layer["gate_up"], layer["down"])]
+            eps += [float(layer["norm_in"][1]), float(layer["norm_post"][1])]
+            scales.append(float(layer["scaling"]))
+        eps.append(float(runner.final_norm[1]))
+        inv_freq = runner.rotary.inv_freq.float().contiguous()
+        runner._decode_arguments = (weights, runner.final_norm[0].contiguous(), eps, scales, inv_freq,
+                                    float(runner.rotary.attention_scaling))
+    return runner._decode_arguments
+
+
+def _ensure_storage(runner, cache, hidden: torch.Tensor) -> None:
+    """Every layer's cache tensors exist and hold `cache.width` slots (what `PositionCache.update` grows)."""
+    last = len(runner.layers) - 1
+    if last in cache.keys and cache.keys[last].shape[2] >= cache.width:  # layers grow together: the usual case
+        return
+    like = hidden.new_empty(1, runner.kv_heads, 1, runner.head_dim)
+    for index in range(len(runner.layers)):
+        if index not in cache.keys or cache.keys[index].shape[2] < cache.width:
+            cache._grow(index, like, like, cache.width)
+
+
+def reference(runner, hidden: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+    """The torch twin: the runner's own forward over the same slot."""
+    return runner.forward_hidden(hidden, positions, cache, None, kernel=False)

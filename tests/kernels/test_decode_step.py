@@ -1,0 +1,77 @@
+"""The draft's compiled decoding step (`kernels.decode_step`) against its torch twin, the runner's own forward."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specgen.kernels import decode_step
+from specgen.modalities.transformers_adapter import TransformersTarget
+
+pytestmark = pytest.mark.skipif(not decode_step.available(), reason="the CPU kernel does not build here")
+
+
+def _model(kv_heads: int, layers: int, dtype=torch.float32) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=128, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
+                         num_key_value_heads=kv_heads, vocab_size=50, max_position_embeddings=256)
+    return LlamaForCausalLM(config).to(dtype).eval()
+
+
+def _engine(model, kernel: bool) -> TransformersTarget:
+    engine = TransformersTarget(model, capacity=256, decode_kernel=kernel)
+    engine.prefill([torch.randint(0, 50, (7,), generator=torch.Generator().manual_seed(row)) for row in range(3)])
+    return engine
+
+
+def _run(engine, window: int, steps: int):
+    """`steps` forwards of `window` new tokens per row, committing 1..window of them (all rows alike)."""
+    logits = []
+    for step in range(steps):
+        tokens = torch.randint(0, 50, (3, window), generator=torch.Generator().manual_seed(100 + step))
+        positions = engine.cache.lengths[:, None] + torch.arange(window)
+        logits.append(engine.score(tokens, positions, torch.arange(3)))
+        kept = (torch.arange(window) <= step % window).expand(3, window)
+        engine.commit(kept, torch.arange(3))
+    return torch.stack(logits), engine.cache
+
+
+@pytest.mark.parametrize("kv_heads,layers,window", [(1, 1, 1), (4, 2, 1), (2, 3, 1), (2, 2, 4)])
+def test_kernel_matches_the_torch_forward(kv_heads, layers, window):
+    model = _model(kv_heads, layers)
+    (fast, fast_cache), (slow, slow_cache) = (_run(_engine(model, kernel), window, 40) for kernel in (True, False))
+    assert torch.allclose(fast, slow, atol=2e-5, rtol=0), (fast - slow).abs().max()
+    length = int(slow_cache.lengths.max())
+    for layer in range(layers):  # the keys and values it wrote are the ones the torch path writes
+        assert torch.allclose(fast_cache.keys[layer][:, :, :length], slow_cache.keys[layer][:, :, :length], atol=2e-5)
+        assert torch.allclose(fast_cache.values[layer][:, :, :length], slow_cache.values[layer][:, :, :length],
+                              atol=2e-5)
+
+
+def test_kernel_writes_each_rows_own_slot_in_a_ragged_subset():
+    """Rows at different lengths, a subset of the batch in another order: each row writes at its own length."""
+    model = _model(2, 2)
+    engines = [_engine(model, kernel) for kernel in (True, False)]
+    for engine in engines:
+        tokens = torch.randint(0, 50, (3, 3), generator=torch.Generator().manual_seed(7))
+        engine.score(tokens, engine.cache.lengths[:, None] + torch.arange(3), torch.arange(3))
+        engine.commit(torch.tensor([[True, True, True], [True, False, False], [True, True, False]]), torch.arange(3))
+    rows = torch.tensor([2, 0])
+    hidden = torch.randn(2, 1, 128, generator=torch.Generator().manual_seed(8))
+    fast, slow = engines
+    positions = fast.cache.lengths[rows][:, None]
+    fast.cache.begin(rows, 1)
+    got = decode_step.decode(fast.runner, hidden, positions, fast.cache)
+    want = slow.score(hidden, positions, rows)  # different lengths: the masked torch path
+    assert torch.allclose(got, want, atol=2e-5)
+    assert fast.cache.keys[0].shape == slow.cache.keys[0].shape
+
+
+def test_only_float32_drafts_that_opt_in_use_it():
+    model = _model(2, 1)
+    plain = TransformersTarget(model, capacity=64)
+    assert not decode_step.usable(plain.runner, torch.float32, None)  # a target keeps its torch path
+    draft = TransformersTarget(model, capacity=64, decode_kernel=True)
+    assert decode_step.usable(draft.runner, torch.float32, None)
+    assert not decode_step.usable(draft.runner, torch.float32, torch.zeros(1, 1, 1, 1))  # an explicit mask
+    assert not decode_step.usable(TransformersTarget(_model(2, 1, torch.float64), capacity=64,
+                                                     decode_kernel=True).runner, torch.float64, None)
