@@ -164,11 +164,10 @@ class TransformersTarget:
         self.cache.rows = rows
         self.cache.commit(kept)
 
-    def _masks_causal_window(self) -> bool:
-        """Whether the runner, given no mask, attends a window causally after each row's cache: the per-query
-        attention of a Llama runner with bfloat16 linears, and a draft's compiled step."""
-        return isinstance(self.runner, llama_runner.LlamaRunner) and (
-            self.runner.matmul_dtype is not None or decode_step.usable(self.runner, self.dtype, None))
+    def _attends_causally(self) -> bool:
+        """Whether the runner, given no mask, attends a window causally after the rows' cache: the per-query
+        attention of a Llama runner with bfloat16 linears."""
+        return isinstance(self.runner, llama_runner.LlamaRunner) and self.runner.matmul_dtype is not None
 
     @torch.no_grad()  # not inference_mode: the cache tensors are updated in place later
     def _forward(self, tokens, positions, rows, window_mask, logits_to_keep=0, causal: bool = False):
@@ -184,11 +183,12 @@ class TransformersTarget:
             run = lambda mask: self.runner.forward_hidden(tokens, positions, self.cache, mask)  # noqa: E731
         elif self.runner is not None:
             run = lambda mask: self.runner.forward(tokens, positions, self.cache, mask, logits_to_keep)  # noqa: E731
-        if (self.runner is not None and self.cache.common_start is not None
-                and (self.sliding_window is None or width <= self.sliding_window)
-                and (n == 1 or causal and self._masks_causal_window())):
-            # every row the same length and one new token per row (it sees every key), or a causal window the
-            # runner's attention masks itself: no mask needed
+        plain = n == 1 or causal  # every slot sees its row's cache and the window's earlier slots
+        if (self.runner is not None and plain and (self.sliding_window is None or width <= self.sliding_window)
+                and (decode_step.usable(self.runner, self.dtype, None) or self.cache.common_start is not None
+                     and (n == 1 or self._attends_causally()))):
+            # no mask needed: a draft's compiled step reads each row's own length; otherwise every row has the
+            # same length and there is one new token per row, or the runner's attention masks a window itself
             return run(None)
         lengths = self.cache.lengths[rows]  # [rows]
         cols = torch.arange(width)

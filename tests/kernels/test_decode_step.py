@@ -47,23 +47,27 @@ def test_kernel_matches_the_torch_forward(kv_heads, layers, window):
                               atol=2e-5)
 
 
-def test_kernel_writes_each_rows_own_slot_in_a_ragged_subset():
-    """Rows at different lengths, a subset of the batch in another order: each row writes at its own length."""
+@pytest.mark.parametrize("window", [1, 3])
+def test_rows_at_different_lengths_each_write_and_read_their_own_slots(window):
+    """Rows at different lengths, a subset of the batch in another order: the kernel (no mask) against the
+    torch path's explicit mask."""
     model = _model(2, 2)
     engines = [_engine(model, kernel) for kernel in (True, False)]
+    kept = torch.tensor([[True, True, True], [True, False, False], [True, True, False]])
+    rows = torch.tensor([2, 0])
+    outputs = []
     for engine in engines:
         tokens = torch.randint(0, 50, (3, 3), generator=torch.Generator().manual_seed(7))
         engine.score(tokens, engine.cache.lengths[:, None] + torch.arange(3), torch.arange(3))
-        engine.commit(torch.tensor([[True, True, True], [True, False, False], [True, True, False]]), torch.arange(3))
-    rows = torch.tensor([2, 0])
-    hidden = torch.randn(2, 1, 128, generator=torch.Generator().manual_seed(8))
-    fast, slow = engines
-    positions = fast.cache.lengths[rows][:, None]
-    fast.cache.begin(rows, 1)
-    got = decode_step.decode(fast.runner, hidden, positions, fast.cache)
-    want = slow.score(hidden, positions, rows)  # different lengths: the masked torch path
-    assert torch.allclose(got, want, atol=2e-5)
-    assert fast.cache.keys[0].shape == slow.cache.keys[0].shape
+        engine.commit(kept, torch.arange(3))
+        hidden = torch.randint(0, 50, (2, window), generator=torch.Generator().manual_seed(8))
+        outputs.append(engine.score(hidden, engine.cache.lengths[rows][:, None] + torch.arange(window), rows))
+        engine.commit(torch.ones(2, window, dtype=torch.bool), rows)
+    assert torch.allclose(*outputs, atol=2e-5)
+    fast, slow = (engine.cache for engine in engines)
+    assert torch.equal(fast.lengths, slow.lengths)
+    for row, length in enumerate(slow.lengths.tolist()):
+        assert torch.allclose(fast.keys[1][row, :, :length], slow.keys[1][row, :, :length], atol=2e-5)
 
 
 def test_only_float32_drafts_that_opt_in_use_it():
