@@ -18,13 +18,9 @@ cannot build the runner keeps the torch path (`SPECGEN_DECODE_KERNEL=off` turns 
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import os
+import functools
 
 import torch
-
-log = logging.getLogger(__name__)
 
 SOURCE = r"""
 #include <torch/extension.h>
@@ -187,32 +183,13 @@ torch::Tensor decode_layers(torch::Tensor hidden, torch::Tensor positions, torch
 }
 """
 
-_module = None
-_tried = False
-
-
+@functools.cache
 def load():
     """The compiled module, or None where it cannot be built (the runner keeps its torch path)."""
-    global _module, _tried
-    if _tried:
-        return _module
-    _tried = True
     from specgen.kernels import int8_rows
 
-    if os.environ.get("SPECGEN_DECODE_KERNEL", "auto") == "off" or not int8_rows.buildable():
-        return None
-    try:
-        from torch.utils.cpp_extension import load_inline
-
-        flags = int8_rows._compile_flags()
-        name = "specgen_decode_step_" + hashlib.sha256((SOURCE + " ".join(flags)).encode()).hexdigest()[:12]
-        log.info("building the draft decoding CPU kernel once (about 30 s)")
-        _module = load_inline(name, cpp_sources=SOURCE, functions=["decode_layers"], extra_cflags=flags,
-                              verbose=False)
-    except Exception as exc:  # noqa: BLE001 - any build failure means: keep the torch path
-        log.warning("draft decoding CPU kernel unavailable (%s); using torch ops", str(exc).splitlines()[0])
-        _module = None
-    return _module
+    return int8_rows.build("specgen_decode_step_", SOURCE, ["decode_layers"], "SPECGEN_DECODE_KERNEL", "draft decoding",
+                           "using torch ops")
 
 
 def available() -> bool:

@@ -206,25 +206,30 @@ def buildable() -> bool:
     return _cpu_supported() and shutil.which("c++") is not None and shutil.which("ninja") is not None
 
 
-def load():
-    """The compiled module, or None where it cannot be built (then callers fall back)."""
-    global _module, _tried
-    if _tried:
-        return _module
-    _tried = True
-    if os.environ.get("SPECGEN_INT8_KERNEL", "auto") == "off" or not buildable():
+def build(prefix: str, source: str, functions: list[str], switch: str, what: str, fallback: str):
+    """A C++ CPU extension compiled once per source and flags (cached by torch), or None where it cannot be built
+    here or the environment variable `switch` is "off" (the caller then takes its torch path, `fallback`)."""
+    if os.environ.get(switch, "auto") == "off" or not buildable():
         return None
     try:
         from torch.utils.cpp_extension import load_inline
 
         flags = _compile_flags()
-        name = "specgen_int8_rows_" + hashlib.sha256((SOURCE + " ".join(flags)).encode()).hexdigest()[:12]
-        log.info("building the int8 CPU kernel once (about 40 s)")
-        _module = load_inline(name, cpp_sources=SOURCE, functions=["int8_rows_mm", "has_wide"],
-                              extra_cflags=flags, verbose=False)
+        name = prefix + hashlib.sha256((source + " ".join(flags)).encode()).hexdigest()[:12]
+        log.info("building the %s CPU kernel once (about 30 s)", what)
+        return load_inline(name, cpp_sources=source, functions=functions, extra_cflags=flags, verbose=False)
     except Exception as exc:  # noqa: BLE001 - any build failure means: use the fallback
-        log.warning("int8 CPU kernel unavailable (%s); using torch._weight_int8pack_mm", str(exc).splitlines()[0])
-        _module = None
+        log.warning("%s CPU kernel unavailable (%s); %s", what, str(exc).splitlines()[0], fallback)
+        return None
+
+
+def load():
+    """The compiled module, or None where it cannot be built (then callers fall back)."""
+    global _module, _tried
+    if not _tried:
+        _tried = True
+        _module = build("specgen_int8_rows_", SOURCE, ["int8_rows_mm", "has_wide"], "SPECGEN_INT8_KERNEL", "int8",
+                        "using torch._weight_int8pack_mm")
     return _module
 
 

@@ -19,14 +19,10 @@ it cannot build, or for other dtypes, `reference` is the path.
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import os
+import functools
 
 import torch
 import torch.nn.functional as F
-
-log = logging.getLogger(__name__)
 
 SOURCE = r"""
 #include <torch/extension.h>
@@ -221,32 +217,13 @@ torch::Tensor attend_queries(torch::Tensor q, torch::Tensor keys, torch::Tensor 
 }
 """
 
-_module = None
-_tried = False
-
-
+@functools.cache
 def load():
     """The compiled module, or None where it cannot be built (callers keep the per-query loop)."""
-    global _module, _tried
-    if _tried:
-        return _module
-    _tried = True
     from specgen.kernels import int8_rows
 
-    if os.environ.get("SPECGEN_ATTENTION_KERNEL", "auto") == "off" or not int8_rows.buildable():
-        return None
-    try:
-        from torch.utils.cpp_extension import load_inline
-
-        flags = int8_rows._compile_flags()
-        name = "specgen_query_attention_" + hashlib.sha256((SOURCE + " ".join(flags)).encode()).hexdigest()[:12]
-        log.info("building the attention CPU kernel once (about 30 s)")
-        _module = load_inline(name, cpp_sources=SOURCE, functions=["attend_queries"], extra_cflags=flags,
-                              verbose=False)
-    except Exception as exc:  # noqa: BLE001 - any build failure means: keep the per-query loop
-        log.warning("attention CPU kernel unavailable (%s); attending query by query", str(exc).splitlines()[0])
-        _module = None
-    return _module
+    return int8_rows.build("specgen_query_attention_", SOURCE, ["attend_queries"], "SPECGEN_ATTENTION_KERNEL",
+                           "attention", "attending query by query")
 
 
 def available() -> bool:
