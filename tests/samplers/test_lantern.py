@@ -176,3 +176,31 @@ def test_the_walk_samples_the_enumerated_relaxed_law(siblings, budget):
     assert rule.accepts > 0 and 0 < rule.relaxed_share < 1
     # negative control: the same samples are far from the exact target law
     assert goodness_of_fit(samples, target_joint(TARGET, PLAIN, PROMPT, 2)).p_value < 1e-6
+
+
+@pytest.mark.parametrize("lam,siblings", [(1.0, "without_replacement"), (5.0, "without_replacement"),
+                                          (3.0, "deterministic")])
+def test_batched_chain_walk_equals_the_node_by_node_walk(lam, siblings):
+    """A chain is walked with every node's acceptance probability in one call; the same uniforms must give the
+    same path, tokens and relaxed counts as the generic walk, with and without per-row depth limits."""
+    generator = torch.Generator().manual_seed(0)
+    vocab, batch, depth = 40, 3, 6
+    neighbours = latent_neighbours(torch.randn(vocab, 4, generator=generator), 5)
+    for trial in range(60):
+        target = torch.rand(batch, depth + 1, vocab, generator=generator).pow(3)
+        draft = torch.rand(batch, depth + 1, vocab, generator=generator).pow(3)
+        target, draft = target / target.sum(-1, keepdim=True), draft / draft.sum(-1, keepdim=True)
+        tokens = torch.multinomial(draft.reshape(-1, vocab), 1, generator=generator).reshape(batch, depth + 1)
+        limit = torch.tensor([depth, 2, 4]) if trial % 2 else None
+        probs = draft if siblings != "deterministic" else None
+        accept = torch.rand(batch, depth + 1, dtype=torch.float64, generator=generator)
+        emit = torch.rand(batch, depth + 1, dtype=torch.float64, generator=generator)
+        results = []
+        for batched in (True, False):
+            tree = DraftTree(tokens, torch.arange(-1, depth).repeat(batch, 1), probs, limit)
+            tree.__dict__["is_chain"] = batched  # False: the node-by-node walk over the same chain
+            rule = RelaxedTreeRejection(Relaxation(neighbours, 5, lam=lam), siblings)
+            results.append((rule.walk(tree, target, accept, emit), rule.accepts, rule.relaxed_accepts))
+        (fast, fast_accepts, fast_relaxed), (slow, slow_accepts, slow_relaxed) = results
+        assert all(torch.equal(a, b) for a, b in zip(fast, slow)), trial
+        assert (fast_accepts, fast_relaxed) == (slow_accepts, slow_relaxed)

@@ -248,3 +248,14 @@ def test_sparse_vocabulary_draft_as_tree_verifies_like_the_chain_rule():
         chain = ChainRejection()(draft, target, AcceptanceNoise(*chain_u))
         verdict = TreeRejection("without_replacement")(tree, target, AcceptanceNoise(*tree_u))
         assert torch.equal(_padded(verdict.tokens, k + 1), chain.tokens)
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 6])
+def test_chain_constructor_fills_what_the_parents_would_give(nodes):
+    tokens = torch.randint(0, 9, (3, nodes))
+    fast = DraftTree.chain(tokens)
+    walked = DraftTree(tokens, torch.arange(-1, nodes - 1).repeat(3, 1))
+    assert fast.is_chain and walked.is_chain
+    for name in ("ancestor_mask", "depths", "sibling_rank"):
+        assert torch.equal(getattr(fast, name), getattr(walked, name)), name
+    assert not DraftTree(torch.tensor([[5, 1, 2]]), torch.tensor([[-1, 0, 0]])).is_chain  # two siblings
