@@ -128,7 +128,9 @@ def cache_key(generator, shape: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def run_quality(generator, chosen, n: int, cache: Path, progress) -> dict:
+def run_quality(generator, chosen, n: int, cache: Path, progress, extra: dict | None = None) -> dict:
+    """`extra`: knobs every setting is generated with (the tree shape); results are named as in the speed table."""
+    extra = extra or {}
     from specgen.modalities.image.models import assets_dir
     from specgen.modalities.image.quality import classifier as clf
     from specgen.modalities.image.quality.frechet import frechet_distance
@@ -159,8 +161,8 @@ def run_quality(generator, chosen, n: int, cache: Path, progress) -> dict:
            "floor_ar_vs_ar": frechet_distance(ar_a, ar_b), "accuracy_ar": ar_accuracy, "settings": {}}
     out["allowed_excess"] = max(0.1 * fd_ar, 2 * out["floor_ar_vs_ar"])
     for method, knobs in chosen:
-        features, accuracy = score(first(label(method, knobs), sample_set(generator, method, knobs, n, 0, cache,
-                                                                          progress)))
+        features, accuracy = score(first(label(method, knobs), sample_set(generator, method, {**knobs, **extra}, n,
+                                                                          0, cache, progress)))
         fd = frechet_distance(features, real_features)
         out["settings"][label(method, knobs)] = {"fd": fd, "fd_excess": fd - fd_ar, "fd_to_ar": frechet_distance(
             features, ar_a), "accuracy": accuracy, "within_bound": fd - fd_ar <= out["allowed_excess"]}
@@ -296,9 +298,9 @@ def bench_lantern(args, methods) -> dict:
     with tqdm(total=total, desc="bench image (head)", unit="run", file=sys.stderr) as progress:
         speed = run_speed(generator, prompts, chosen, args.repeats, shape, progress)
         cache = cache_dir() / "bench-lantern" / cache_key(generator, shape or defaults["shape"])
-        measured = [(m, {**k, **({"shape": shape} if shape else {})}) for m, k in chosen
-                    if m in (getattr(args, "quality_methods", None) or HEAD_METHODS)]
-        quality = run_quality(generator, measured, quality_n, cache, progress) if quality_n else None
+        measured = [(m, k) for m, k in chosen if m in (getattr(args, "quality_methods", None) or HEAD_METHODS)]
+        quality = (run_quality(generator, measured, quality_n, cache, progress, {"shape": shape} if shape else {})
+                   if quality_n else None)
     result = {"speed": speed, "quality": quality, "prompts": [p.id for p in prompts],
               "env": {**source_state(), "timestamp_utc": stamp, "cpu_model": _cpu_model(), "threads": args.threads,
                       "load_before": load_before, "load_after": _load(), "repeats": args.repeats,

@@ -200,9 +200,12 @@ def usable(runner, dtype: torch.dtype, attention_mask) -> bool:
     """Whether `decode` can run this forward: a draft that opted in, no explicit mask (a causal window after the
     rows' whole caches), float32, and a rotary embedding with fixed frequencies (not the dynamic kinds, which
     rescale with the sequence length)."""
-    return (getattr(runner, "decode_kernel", False) and attention_mask is None and runner.matmul_dtype is None
-            and dtype == torch.float32 and _static_rope(runner.rotary) and runner.head_dim <= 512
-            and available())
+    if not (getattr(runner, "decode_kernel", False) and attention_mask is None and runner.matmul_dtype is None
+            and dtype == torch.float32):
+        return False
+    if getattr(runner, "_decode_fits", None) is None:  # the model's side, checked once per runner
+        runner._decode_fits = _static_rope(runner.rotary) and runner.head_dim <= 512 and available()
+    return runner._decode_fits
 
 
 def _static_rope(rotary) -> bool:

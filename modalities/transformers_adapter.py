@@ -156,9 +156,7 @@ class TransformersTarget:
 
     def score(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
               tree_mask: torch.Tensor | None = None) -> torch.Tensor:
-        n = tokens.shape[1]
-        mask = tree_mask if tree_mask is not None else torch.ones(n, n, dtype=torch.bool).tril().expand(len(rows), n, n)
-        return self._forward(tokens, positions, rows, mask, causal=tree_mask is None)
+        return self._forward(tokens, positions, rows, tree_mask)  # None: a causal window
 
     def commit(self, kept: torch.Tensor, rows: torch.Tensor) -> None:
         self.cache.rows = rows
@@ -170,8 +168,9 @@ class TransformersTarget:
         return isinstance(self.runner, llama_runner.LlamaRunner) and self.runner.matmul_dtype is not None
 
     @torch.no_grad()  # not inference_mode: the cache tensors are updated in place later
-    def _forward(self, tokens, positions, rows, window_mask, logits_to_keep=0, causal: bool = False):
-        """tokens/positions: [rows, n]; window_mask: [rows, n, n] bool (slot attends to slot). Float `tokens`
+    def _forward(self, tokens, positions, rows, window_mask, logits_to_keep=0):
+        """tokens/positions: [rows, n]; window_mask: [rows, n, n] bool (slot attends to slot), None for a causal
+        window. Float `tokens`
         [rows, n, d] are input vectors (an EAGLE head's fused inputs): the result is then the final-normed hidden
         states, not logits (Llama runner only)."""
         self.forward_calls += 1
@@ -183,7 +182,7 @@ class TransformersTarget:
             run = lambda mask: self.runner.forward_hidden(tokens, positions, self.cache, mask)  # noqa: E731
         elif self.runner is not None:
             run = lambda mask: self.runner.forward(tokens, positions, self.cache, mask, logits_to_keep)  # noqa: E731
-        plain = n == 1 or causal  # every slot sees its row's cache and the window's earlier slots
+        plain = n == 1 or window_mask is None  # every slot sees its row's cache and the window's earlier slots
         if (self.runner is not None and plain and (self.sliding_window is None or width <= self.sliding_window)
                 and (decode_step.usable(self.runner, self.dtype, None) or self.cache.common_start is not None
                      and (n == 1 or self._attends_causally()))):
@@ -195,6 +194,8 @@ class TransformersTarget:
         cached = cols[None, None, :] < lengths[:, None, None]  # [rows, 1, width]
         new_col = cols[None, :] - lengths[:, None]  # [rows, width]: which new slot a column holds
         in_window = (new_col >= 0) & (new_col < n)
+        if window_mask is None:
+            window_mask = torch.ones(n, n, dtype=torch.bool).tril().expand(len(rows), n, n)
         visible = window_mask.gather(2, new_col.clamp(0, n - 1)[:, None, :].expand(-1, n, -1))  # [rows, n, width]
         visible = cached | (visible & in_window[:, None, :])
         key_positions = torch.where(in_window, positions.gather(1, new_col.clamp(0, n - 1)), cols[None, :])

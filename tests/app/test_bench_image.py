@@ -58,7 +58,8 @@ def test_bad_prompt_files_are_rejected(tmp_path):
 
 
 def test_bench_lantern_reports_speed_quality_and_a_frontier(tmp_path, monkeypatch):
-    """The head's methods on the shipped models: one prompt, one lambda, 20 quality samples per set."""
+    """The head's methods on the shipped models: one prompt, one lambda, a given tree, 20 quality samples per
+    set."""
     import argparse
 
     from specgen.app.bench_lantern import bench_lantern
@@ -67,7 +68,7 @@ def test_bench_lantern_reports_speed_quality_and_a_frontier(tmp_path, monkeypatc
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "k", "prompt": "red K on blue", "category": "glyph"}) + "\n")
     args = argparse.Namespace(model=None, head=None, threads=1, prompts=prompts, lambdas=[5.0], deltas=[0.2],
-                              shape=None, quality_samples=20, quality_methods=["lantern++"], repeats=1,
+                              shape="chain-3", quality_samples=20, quality_methods=["lantern++"], repeats=1,
                               out_dir=tmp_path / "out", argv=["bench"])
     result = bench_lantern(args, ["lantern", "lantern++"])  # speed for both, quality for lantern++ only
     rows = {row["setting"]: row for row in result["speed"]["table"]}
@@ -78,6 +79,7 @@ def test_bench_lantern_reports_speed_quality_and_a_frontier(tmp_path, monkeypatc
     assert set(quality["settings"]) == {"lantern++ (λ 5)"}
     report = (tmp_path / "out" / "image-lantern-latest.md").read_text()
     assert "FD − FD_AR" in report and "image-lantern-latest.png" in report
+    assert "nan" not in report  # quality rows are named as the speed rows whatever the shape, so speedups join
     assert (tmp_path / "out" / "image-lantern-latest.png").stat().st_size > 1000
     assert (tmp_path / "out" / "image-lantern-latest-samples.png").exists() and "samples" in report
     cached = list((tmp_path / "home" / "bench-lantern").rglob("*.npy"))

@@ -49,6 +49,10 @@ class EagleTreeDrafter:
         self.embed = target_model.model.embed_tokens.weight.detach()
         self.lm_head = target_model.lm_head.weight.detach()
         self.head = head
+        # fc([embed(x); f]) = token_rows[x] + feature_fc f: the token half made once per token, two ops per pair
+        dim, fc = self.embed.shape[1], head.fc.weight.detach()
+        self.token_rows = torch.nn.functional.linear(self.embed, fc[:, :dim].to(self.embed.dtype))  # [vocab, d]
+        self.feature_fc = fc[:, dim:].contiguous()
         self.engine = TransformersTarget(head.body, capacity=capacity + 2 * len(shape) + 2,
                                          matmul_dtype=fast_matmul_dtype(head.body), decode_kernel=True)
         self.processing = processing
@@ -121,8 +125,8 @@ class EagleTreeDrafter:
 
     # ---- head forwards ---------------------------------------------------------------------------------------
     def _pair(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        # tokens [n], features [..., n, d] -> head inputs [..., n, d]
-        return self.head.inputs(self.embed[tokens].expand_as(features), features)
+        # tokens [n], features [..., n, d] -> head inputs [..., n, d] (the head's fc over [embedding; feature])
+        return self.token_rows[tokens] + torch.nn.functional.linear(features.to(self.feature_fc.dtype), self.feature_fc)
 
     def _catch_up(self, head_rows: list[int], contexts: list[torch.Tensor]) -> torch.Tensor:
         """Feed each row's missing true pairs t = head_len + 1 .. L - 1 and commit them; returns the last output."""
