@@ -87,7 +87,7 @@ def make_image_runner(image_models: ImageModels):
     modality = image_models.modality
     example = "red K moving right on blue" if modality == "video" else "red K on blue"
 
-    def run_image(prompt, method, compare, window, init, temperature, top_k, guidance, seed, lam=5.0):
+    def run_image(prompt, method, compare, window, init, temperature, top_k, guidance, seed, lam=None):
         if not isinstance(prompt, str) or not prompt.strip():
             raise gr.Error(f"Enter a prompt or class first, e.g. {example!r}.")
         if method not in registry.method_names(modality):
@@ -105,7 +105,8 @@ def make_image_runner(image_models: ImageModels):
             if init:  # else the method's own default
                 params["init"] = init
         elif method == "lantern++":
-            params = {"lam": _check_number(gr, "lambda", lam, 1.0, 1000.0)}
+            params = {"lam": _check_number(gr, "lambda", default_lam() if lam is None else lam, 1.0, 1000.0)}
+
         def body():
             generator = image_models.get()
             spec.resolve_knobs(params)
@@ -195,7 +196,7 @@ def build_image_tab(gr, image_models: ImageModels, *, concurrency_limit: int, co
                                        info="tokens scored per step (Jacobi methods)", elem_id=f"{modality}-window")
                     init = gr.Radio(["random", "left"], value=knobs.get("init", "random"), label="initial drafts",
                                     elem_id=f"{modality}-init")
-                    lam = gr.Slider(1.0, 20.0, value=5.0, step=0.5, label="λ (lantern++)",
+                    lam = gr.Slider(1.0, 20.0, value=default_lam(), step=0.5, label="λ (lantern++)",
                                     info="p~ <= λ p: how much mass a code may borrow from its latent neighbours; "
                                          "1 = exact", elem_id=f"{modality}-lambda", visible=modality == "image")
                     temperature = gr.Slider(0.0, 2.0, value=1.0, step=0.05, label="temperature",
@@ -224,6 +225,11 @@ def build_image_tab(gr, image_models: ImageModels, *, concurrency_limit: int, co
     stop.click(None, None, None, cancels=[event], api_name=False)
     method.change(lambda name: jacobi_knob_defaults(gr, modality, name), [method], [window, init], api_name=False)
     return event
+
+
+def default_lam() -> float:
+    """lantern++'s registry default (the fastest lambda of the recorded sweep within its quality bound)."""
+    return registry.get_method("image", "lantern++").resolve_knobs({})["lam"]
 
 
 def jacobi_knob_defaults(gr, modality: str, method: str):

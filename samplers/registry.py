@@ -228,7 +228,7 @@ register(MethodSpec("lantern++", "image", False,
                     "TV-optimal residual", drafter="eagle-head", rule="lantern",
                     paper="Park et al. 2025, LANTERN++ (arXiv 2502.06352)",
                     knobs=(HEAD_TREE, NEIGHBOURS,
-                           Knob("lam", float, 5.0, "lambda: p~(x) <= lambda p(x) (1 = exact)", 1.0, 1000.0))))
+                           Knob("lam", float, 10.0, "lambda: p~(x) <= lambda p(x) (1 = exact)", 1.0, 1000.0))))
 
 
 # ---- speech -----------------------------------------------------------------------------------
