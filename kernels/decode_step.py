@@ -24,43 +24,61 @@ import torch
 
 SOURCE = r"""
 #include <torch/extension.h>
+#include <immintrin.h>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
-typedef float v8 __attribute__((vector_size(32)));
-
-static inline float dot(const float* a, const float* b, int64_t n) {
-  v8 acc0 = {0}, acc1 = {0};
+// G rows' dot products with one weight row: per row two 8-lane FMA chains over 16-wide blocks, a last 8-wide
+// block into the first chain, one fixed lane sum, then a scalar FMA tail. Every FMA is explicit, so a row gets
+// the same bits in a group of 4 as alone: a token's result never depends on what else is in the call.
+template <int G>
+static inline void dots(const float* w, const float* const* x, int64_t n, float* out) {
+  __m256 a0[G], a1[G];
+  for (int g = 0; g < G; ++g) {
+    a0[g] = _mm256_setzero_ps();
+    a1[g] = _mm256_setzero_ps();
+  }
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    v8 x0, y0, x1, y1;
-    std::memcpy(&x0, a + i, 32);
-    std::memcpy(&y0, b + i, 32);
-    std::memcpy(&x1, a + i + 8, 32);
-    std::memcpy(&y1, b + i + 8, 32);
-    acc0 += x0 * y0;
-    acc1 += x1 * y1;
+    const __m256 w0 = _mm256_loadu_ps(w + i), w1 = _mm256_loadu_ps(w + i + 8);
+    for (int g = 0; g < G; ++g) {
+      a0[g] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[g] + i), a0[g]);
+      a1[g] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x[g] + i + 8), a1[g]);
+    }
   }
   for (; i + 8 <= n; i += 8) {
-    v8 x0, y0;
-    std::memcpy(&x0, a + i, 32);
-    std::memcpy(&y0, b + i, 32);
-    acc0 += x0 * y0;
+    const __m256 w0 = _mm256_loadu_ps(w + i);
+    for (int g = 0; g < G; ++g) a0[g] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[g] + i), a0[g]);
   }
-  v8 acc = acc0 + acc1;
-  float lanes[8];
-  std::memcpy(lanes, &acc, 32);
-  float s = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-  for (; i < n; ++i) s += a[i] * b[i];
+  for (int g = 0; g < G; ++g) {
+    float l[8];
+    _mm256_storeu_ps(l, _mm256_add_ps(a0[g], a1[g]));
+    float s = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    for (int64_t j = i; j < n; ++j) s = std::fma(w[j], x[g][j], s);
+    out[g] = s;
+  }
+}
+
+static inline float dot(const float* a, const float* b, int64_t n) {
+  float s;
+  dots<1>(a, &b, n, &s);
   return s;
 }
 
-// out[r, o] = W[o] . x[r] for R rows: each weight row is read once and used for every input row
+// out[r, o] = W[o] . x[r]: each weight row is read once, four input rows at a time
 static void matvec(const float* w, const float* x, float* out, int64_t rows, int64_t outs, int64_t ins) {
+  std::vector<const float*> xs(rows);
+  for (int64_t r = 0; r < rows; ++r) xs[r] = x + r * ins;
+  float four[4];
   for (int64_t o = 0; o < outs; ++o) {
     const float* wo = w + o * ins;
-    for (int64_t r = 0; r < rows; ++r) out[r * outs + o] = dot(wo, x + r * ins, ins);
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) {
+      dots<4>(wo, xs.data() + r, ins, four);
+      for (int g = 0; g < 4; ++g) out[(r + g) * outs + o] = four[g];
+    }
+    for (; r < rows; ++r) out[r * outs + o] = dot(wo, xs[r], ins);
   }
 }
 
@@ -77,38 +95,56 @@ static void rms_norm(const float* x, const float* w, float* out, int64_t rows, i
 static void rope(float* x, const float* cs, const float* sn, int64_t hd) {
   const int64_t h = hd / 2;
   float tmp[512];
-  for (int64_t i = 0; i < h; ++i) tmp[i] = x[i] * cs[i] - x[i + h] * sn[i];
-  for (int64_t i = h; i < hd; ++i) tmp[i] = x[i] * cs[i] + x[i - h] * sn[i];
+  for (int64_t i = 0; i < h; ++i) tmp[i] = std::fma(x[i], cs[i], -(x[i + h] * sn[i]));
+  for (int64_t i = h; i < hd; ++i) tmp[i] = std::fma(x[i], cs[i], x[i - h] * sn[i]);
   std::memcpy(x, tmp, hd * sizeof(float));
 }
 
-// hidden [R, n, d]: n new slots per row, written at slots[r] .. slots[r] + n - 1 of cache row rows[r]; slot j of a row
-// attends to every cached slot and to the window's slots up to j (causal). Returns the final-normed [R, n, d].
+torch::Tensor linear_rows(torch::Tensor x, torch::Tensor w) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && w.dtype() == torch::kFloat32 && x.is_contiguous() && w.is_contiguous()
+              && x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [R, in], w [out, in], float32");
+  auto out = torch::empty({x.size(0), w.size(0)}, x.options());
+  matvec(w.data_ptr<float>(), x.data_ptr<float>(), out.data_ptr<float>(), x.size(0), w.size(0), x.size(1));
+  return out;
+}
+
+// hidden [R, n, d]: n new slots per row, written at slots[r] .. slots[r] + n - 1 of cache row rows[r]. Slot j of a
+// row attends to every cached slot, then to the window's slots k it sees: k <= j (causal), or window_mask[r][j][k]
+// (a tree's ancestors and itself) when a [R, n, n] bool mask is given. Returns the final-normed [R, n, d].
 torch::Tensor decode_layers(torch::Tensor hidden, torch::Tensor positions, torch::Tensor inv_freq,
                             double rope_scaling, std::vector<torch::Tensor> weights, torch::Tensor final_norm,
                             std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
-                            torch::Tensor rows, torch::Tensor slots, int64_t heads, int64_t kv_heads,
-                            int64_t head_dim, std::vector<double> eps, std::vector<double> scales) {
+                            torch::Tensor rows, torch::Tensor slots, torch::Tensor window_mask, int64_t heads,
+                            int64_t kv_heads, int64_t head_dim, std::vector<double> eps, std::vector<double> scales) {
   TORCH_CHECK(hidden.dtype() == torch::kFloat32 && hidden.is_contiguous() && hidden.dim() == 3, "hidden: [R, n, d] f32");
   TORCH_CHECK(head_dim <= 512 && head_dim % 2 == 0, "head_dim must be even and at most 512");
   const int64_t n = hidden.size(1), T = hidden.size(0) * n, d = hidden.size(2), layers = (int64_t)keys.size();
   TORCH_CHECK(positions.numel() == T && rows.numel() == hidden.size(0) && slots.numel() == hidden.size(0), "shapes");
   TORCH_CHECK((int64_t)weights.size() == 6 * layers && (int64_t)eps.size() == 2 * layers + 1, "weights per layer");
+  const bool masked = window_mask.numel() > 0;
+  TORCH_CHECK(!masked || (window_mask.dtype() == torch::kBool && window_mask.is_contiguous()
+                          && window_mask.numel() == T * n), "window_mask: [R, n, n] bool");
+  const bool* visible = masked ? window_mask.data_ptr<bool>() : nullptr;
   const int64_t qs = heads * head_dim, kvs = kv_heads * head_dim, group = heads / kv_heads;
   const int64_t inter = weights[5].size(1), width = qs + 2 * kvs;
   auto out = hidden.clone();
   float* h = out.data_ptr<float>();
-  // token t = row t / n, window slot t % n: its cache row, its cache slot, and the rotary tables as the model's
-  // rotary module makes them (angle = position * inv_freq in float32, the halves repeated)
+  // token t = row t / n, window slot t % n: its cache row, its cache slot, the slots it attends to, and the rotary
+  // tables as the model's rotary module makes them (angle = position * inv_freq in float32, the halves repeated)
   std::vector<int64_t> row_of(T), slot_of(T);
+  std::vector<std::vector<int64_t>> cols(T);
   std::vector<float> cs(T * head_dim), sn(T * head_dim);
   const float* freq = inv_freq.data_ptr<float>();
   const int64_t* pos = positions.data_ptr<int64_t>();
   int64_t longest = 0;
   for (int64_t t = 0; t < T; ++t) {
-    row_of[t] = rows.data_ptr<int64_t>()[t / n];
-    slot_of[t] = slots.data_ptr<int64_t>()[t / n] + t % n;
-    longest = slot_of[t] + 1 > longest ? slot_of[t] + 1 : longest;
+    const int64_t r = t / n, j = t % n, base = slots.data_ptr<int64_t>()[r];
+    row_of[t] = rows.data_ptr<int64_t>()[r];
+    slot_of[t] = base + j;
+    for (int64_t c = 0; c < base; ++c) cols[t].push_back(c);
+    for (int64_t k = 0; k < n; ++k)
+      if (masked ? visible[(r * n + j) * n + k] : k <= j) cols[t].push_back(base + k);
+    longest = (int64_t)cols[t].size() > longest ? (int64_t)cols[t].size() : longest;
     for (int64_t i = 0; i < head_dim; ++i) {
       const float angle = (float)pos[t] * freq[i % (head_dim / 2)];
       cs[t * head_dim + i] = std::cos(angle) * (float)rope_scaling;
@@ -143,14 +179,15 @@ torch::Tensor decode_layers(torch::Tensor hidden, torch::Tensor positions, torch
     }
     for (int64_t t = 0; t < T; ++t) {
       const float* q = qkv.data() + t * width;
-      const int64_t count = slot_of[t] + 1;  // the cache and the window up to this slot
+      const std::vector<int64_t>& seen = cols[t];  // in slot order: the cache, then the window
+      const int64_t count = (int64_t)seen.size();
       for (int64_t a = 0; a < heads; ++a) {
         const int64_t g = a / group;
         const float* kbase = kc + row_of[t] * kb + g * kh;
         const float* vbase = vc + row_of[t] * vb + g * vh;
         float top = -INFINITY;
         for (int64_t c = 0; c < count; ++c) {
-          scores[c] = scale * dot(q + a * head_dim, kbase + c * ksl, head_dim);
+          scores[c] = scale * dot(q + a * head_dim, kbase + seen[c] * ksl, head_dim);
           top = scores[c] > top ? scores[c] : top;
         }
         float total = 0.f;
@@ -158,8 +195,8 @@ torch::Tensor decode_layers(torch::Tensor hidden, torch::Tensor positions, torch
         for (int64_t c = 0; c < count; ++c) {
           const float wgt = std::exp(scores[c] - top);
           total += wgt;
-          const float* vv = vbase + c * vsl;
-          for (int64_t i = 0; i < head_dim; ++i) acc[i] += wgt * vv[i];
+          const float* vv = vbase + seen[c] * vsl;
+          for (int64_t i = 0; i < head_dim; ++i) acc[i] = std::fma(wgt, vv[i], acc[i]);
         }
         for (int64_t i = 0; i < head_dim; ++i) att[t * qs + a * head_dim + i] = acc[i] / total;
       }
@@ -188,8 +225,8 @@ def load():
     """The compiled module, or None where it cannot be built (the runner keeps its torch path)."""
     from specgen.kernels import int8_rows
 
-    return int8_rows.build("specgen_decode_step_", SOURCE, ["decode_layers"], "SPECGEN_DECODE_KERNEL", "draft decoding",
-                           "using torch ops")
+    return int8_rows.build("specgen_decode_step_", SOURCE, ["decode_layers", "linear_rows"], "SPECGEN_DECODE_KERNEL",
+                           "decoding", "using torch ops")
 
 
 def available() -> bool:
@@ -213,17 +250,29 @@ def _static_rope(rotary) -> bool:
     return hasattr(rotary, "inv_freq") and "dynamic" not in kind and kind != "longrope"
 
 
-def decode(runner, hidden: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+def decode(runner, hidden: torch.Tensor, positions: torch.Tensor, cache,
+           window_mask: torch.Tensor | None = None) -> torch.Tensor:
     """hidden [rows, n, d] input vectors, positions [rows, n]; writes each layer's keys and values at the row's
     slots `cache.lengths[row]` onwards (as `PositionCache.update` would) and returns the final-normed
-    [rows, n, d]. Slot j attends to the row's cache and to window slots 0..j."""
+    [rows, n, d]. Slot j attends to the row's cache and to window slots 0..j, or to those `window_mask`
+    [rows, n, n] (bool) marks (a tree's ancestors)."""
     weights, final_norm, eps, scales, inv_freq, rope_scaling = _arguments(runner)
     _ensure_storage(runner, cache, hidden)
     rows, layers = cache.rows, range(len(runner.layers))
+    mask = _NO_MASK if window_mask is None else window_mask.to(torch.bool).contiguous()
     return load().decode_layers(hidden.contiguous(), positions.contiguous(), inv_freq, rope_scaling, weights,
                                 final_norm, [cache.keys[i] for i in layers], [cache.values[i] for i in layers],
-                                rows.contiguous(), cache.lengths[rows], runner.heads, runner.kv_heads,
+                                rows.contiguous(), cache.lengths[rows], mask, runner.heads, runner.kv_heads,
                                 runner.head_dim, eps, scales)
+
+
+_NO_MASK = torch.empty(0, dtype=torch.bool)
+
+
+def linear_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., in] @ weight[out, in].T with every row's sums in the kernel's fixed order (row-invariant)."""
+    flat = x.reshape(-1, x.shape[-1]).contiguous()
+    return load().linear_rows(flat, weight.contiguous()).reshape(*x.shape[:-1], weight.shape[0])
 
 
 def _arguments(runner) -> tuple:

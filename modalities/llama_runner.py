@@ -47,8 +47,9 @@ class LlamaRunner:
 
             self.head = Int8Linear.from_linear(model.lm_head)
         self.keep_hidden, self.last_hidden = False, None
-        # drafts opt in: one new token per row runs as one compiled call (`kernels.decode_step`), equal to this
-        # forward up to float32 rounding (a draft's law is what its forward computed, so exactness holds)
+        # float32 forwards as one compiled call (`kernels.decode_step`): every token's arithmetic is the same
+        # alone, in a window or in a tree, and equals the torch ops up to float32 rounding; drafts opt in (a
+        # draft's law is what its forward computed, so exactness never depends on its bits)
         self.decode_kernel = False
         self.layers = []
         for layer, prepared in zip(body.layers, weights):
@@ -60,22 +61,30 @@ class LlamaRunner:
             })
 
     @torch.no_grad()
-    def forward(self, tokens, positions, cache, attention_mask, logits_to_keep: int = 0) -> torch.Tensor:
-        """tokens, positions: [rows, n]; attention_mask: additive [rows, 1, n, width]. Returns logits.
-        With `keep_hidden` set, the final-normed hidden states of every slot are kept in `last_hidden` (the
-        features an EAGLE-style draft head reads)."""
-        hidden = self.forward_hidden(F.embedding(tokens, self.embed), positions, cache, attention_mask)
+    def forward(self, tokens, positions, cache, attention_mask, logits_to_keep: int = 0,
+                window_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens, positions: [rows, n]; attention_mask: additive [rows, 1, n, width] (torch path); window_mask:
+        [rows, n, n] bool (the compiled path, None: causal). Returns logits. With `keep_hidden` set, the
+        final-normed hidden states of every slot are kept in `last_hidden` (the features an EAGLE-style draft
+        head reads)."""
+        hidden = self.forward_hidden(F.embedding(tokens, self.embed), positions, cache, attention_mask,
+                                     window_mask=window_mask)
         if self.keep_hidden:
             self.last_hidden = hidden
         kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
-        return self.head(kept) if self.head is not None else self._linear(kept, self.lm_head)
+        if self.head is not None:
+            return self.head(kept)
+        if decode_step.usable(self, kept.dtype, attention_mask):  # the output layer row by row as well
+            return decode_step.linear_rows(kept, self.lm_head)
+        return self._linear(kept, self.lm_head)
 
     @torch.no_grad()
-    def forward_hidden(self, hidden, positions, cache, attention_mask, kernel: bool = True) -> torch.Tensor:
+    def forward_hidden(self, hidden, positions, cache, attention_mask, kernel: bool = True,
+                       window_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The layers and the final norm over input vectors `hidden` [rows, n, d]; returns [rows, n, d].
         `kernel=False` keeps the torch ops where `decode_kernel` would use the compiled step."""
         if kernel and decode_step.usable(self, hidden.dtype, attention_mask):
-            return decode_step.decode(self, hidden, positions, cache)
+            return decode_step.decode(self, hidden, positions, cache, window_mask)
         rows, n = hidden.shape[:2]
         cos, sin = self.rotary(hidden, positions)  # [rows, n, head_dim]
         cos, sin = cos[:, :, None], sin[:, :, None]  # over the heads of q and k together

@@ -115,7 +115,8 @@ class TransformersTarget:
             raise InvalidRequest(f"linear layers in {matmul_dtype} need a Llama-architecture model")
         if fast and llama_runner.supports(model):
             self.runner = llama_runner.LlamaRunner(model, int8_head=int8_head, matmul_dtype=matmul_dtype)
-            # `decode_kernel`: drafts only (one token per row through `kernels.decode_step`, see LlamaRunner)
+            # `decode_kernel` runs every forward of a float32 model through `kernels.decode_step` (see LlamaRunner):
+            # drafts set it; a target may (bitwise row-invariant, faster at one row, slower for wide windows)
             self.runner.decode_kernel = decode_kernel
         elif fast and gemma_runner.supports(model):
             self.runner = gemma_runner.GemmaRunner(model)
@@ -179,15 +180,17 @@ class TransformersTarget:
         if tokens.is_floating_point():
             if not hasattr(self.runner, "forward_hidden"):
                 raise InvalidRequest("scoring input vectors needs a Llama-architecture model")
-            run = lambda mask: self.runner.forward_hidden(tokens, positions, self.cache, mask)  # noqa: E731
+            run = lambda mask, **window: self.runner.forward_hidden(tokens, positions, self.cache, mask, **window)  # noqa: E731
         elif self.runner is not None:
-            run = lambda mask: self.runner.forward(tokens, positions, self.cache, mask, logits_to_keep)  # noqa: E731
+            run = lambda mask, **window: self.runner.forward(  # noqa: E731
+                tokens, positions, self.cache, mask, logits_to_keep, **window)
+        if self.runner is not None and self.sliding_window is None and decode_step.usable(self.runner, self.dtype, None):
+            return run(None, window_mask=window_mask)  # the compiled step reads each row's length and the mask itself
         plain = n == 1 or window_mask is None  # every slot sees its row's cache and the window's earlier slots
         if (self.runner is not None and plain and (self.sliding_window is None or width <= self.sliding_window)
-                and (decode_step.usable(self.runner, self.dtype, None) or self.cache.common_start is not None
-                     and (n == 1 or self._attends_causally()))):
-            # no mask needed: a draft's compiled step reads each row's own length; otherwise every row has the
-            # same length and there is one new token per row, or the runner's attention masks a window itself
+                and self.cache.common_start is not None and (n == 1 or self._attends_causally())):
+            # no mask needed: every row has the same length and there is one new token per row, or the runner's
+            # attention masks a window itself
             return run(None)
         lengths = self.cache.lengths[rows]  # [rows]
         cols = torch.arange(width)

@@ -79,3 +79,55 @@ def test_only_float32_drafts_that_opt_in_use_it():
     assert not decode_step.usable(draft.runner, torch.float32, torch.zeros(1, 1, 1, 1))  # an explicit mask
     assert not decode_step.usable(TransformersTarget(_model(2, 1, torch.float64), capacity=64,
                                                      decode_kernel=True).runner, torch.float64, None)
+
+
+def test_every_token_gets_the_same_bits_alone_in_a_window_in_a_tree_and_in_a_batch():
+    """The kernel's arithmetic per token does not depend on the call: a window of 6 equals 6 single steps, a tree
+    node equals the chain of its path, and a row of a ragged batch equals the row alone, bit for bit."""
+    model = _model(2, 2)
+    prompt = torch.randint(0, 50, (12,), generator=torch.Generator().manual_seed(3))
+    rest = torch.randint(0, 50, (6,), generator=torch.Generator().manual_seed(4))
+
+    def engine(prompts):
+        target = TransformersTarget(model, capacity=64, decode_kernel=True)
+        target.prefill(prompts)
+        return target
+
+    window = engine([prompt]).score(torch.cat([prompt[-1:], rest[:5]])[None], (11 + torch.arange(6))[None],
+                                    torch.tensor([0]))
+    alone, singles = engine([prompt]), []
+    for j, token in enumerate(torch.cat([prompt[-1:], rest[:5]]).tolist()):
+        singles.append(alone.score(torch.tensor([[token]]), torch.tensor([[11 + j]]), torch.tensor([0]))[:, 0])
+        alone.commit(torch.ones(1, 1, dtype=torch.bool), torch.tensor([0]))
+    assert torch.equal(window[0], torch.stack(singles, 1)[0])
+
+    from specgen.samplers.types import DraftTree
+
+    tree = DraftTree(torch.cat([prompt[-1:], rest[:3]])[None], torch.tensor([[-1, 0, 0, 2]]))  # 1 and 2 siblings
+    scored = engine([prompt]).score(tree.tokens, 11 + tree.depths, torch.tensor([0]), tree.ancestor_mask)
+    path = engine([prompt]).score(tree.tokens[:, [0, 2, 3]], (11 + torch.arange(3))[None], torch.tensor([0]))
+    assert torch.equal(scored[0, [0, 2, 3]], path[0])
+
+    other = torch.randint(0, 50, (9,), generator=torch.Generator().manual_seed(5))
+    batch = engine([other, prompt]).score(torch.stack([other[-1:], prompt[-1:]]), torch.tensor([[8], [11]]),
+                                          torch.tensor([0, 1]))
+    assert torch.equal(batch[1], window[0, :1])
+
+
+def test_tree_windows_match_the_torch_mask_path_and_rows_linear_is_row_invariant():
+    model = _model(2, 2)
+    parents = torch.tensor([[-1, 0, 0, 1, 2], [-1, 0, 1, 1, 0]])
+    from specgen.samplers.types import DraftTree
+
+    tree = DraftTree(torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(6)), parents)
+    outputs = []
+    for kernel in (True, False):
+        engine = _engine(model, kernel)
+        rows = torch.tensor([0, 2])
+        outputs.append(engine.score(tree.tokens, engine.cache.lengths[rows][:, None] + tree.depths, rows,
+                                    tree.ancestor_mask))
+    assert torch.allclose(*outputs, atol=2e-5)
+    x, weight = torch.randn(7, 130), torch.randn(33, 130)
+    together = decode_step.linear_rows(x, weight)
+    assert torch.allclose(together, x @ weight.T, atol=1e-4)
+    assert all(torch.equal(decode_step.linear_rows(x[i:i + 1], weight)[0], together[i]) for i in range(7))
