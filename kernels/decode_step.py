@@ -233,15 +233,22 @@ def available() -> bool:
     return load() is not None
 
 
-def usable(runner, dtype: torch.dtype, attention_mask) -> bool:
-    """Whether `decode` can run this forward: a draft that opted in, no explicit mask (a causal window after the
-    rows' whole caches), float32, and a rotary embedding with fixed frequencies (not the dynamic kinds, which
-    rescale with the sequence length)."""
+# Past this many new slots in one forward (a prompt's prefill) MKL's blocked matmuls, on every thread, beat these
+# single-threaded loops: the torch path takes it (drafts only; nothing there needs the kernel's bits).
+MAX_SLOTS = 64
+
+
+def usable(runner, dtype: torch.dtype, attention_mask, slots: int = 1) -> bool:
+    """Whether `decode` can run this forward of `slots` new slots (rows x window): a CPU float32 runner that opted
+    in, no additive mask (the kernel takes the window's own bool mask, or none for a causal window), at most
+    MAX_SLOTS slots, and a rotary embedding with fixed frequencies (not the dynamic kinds, which rescale with the
+    sequence length)."""
     if not (getattr(runner, "decode_kernel", False) and attention_mask is None and runner.matmul_dtype is None
-            and dtype == torch.float32):
+            and dtype == torch.float32 and slots <= MAX_SLOTS):
         return False
     if getattr(runner, "_decode_fits", None) is None:  # the model's side, checked once per runner
-        runner._decode_fits = _static_rope(runner.rotary) and runner.head_dim <= 512 and available()
+        runner._decode_fits = (runner.embed.device.type == "cpu" and _static_rope(runner.rotary)
+                               and runner.head_dim <= 512 and available())
     return runner._decode_fits
 
 

@@ -74,7 +74,7 @@ class LlamaRunner:
         kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
         if self.head is not None:
             return self.head(kept)
-        if decode_step.usable(self, kept.dtype, attention_mask):  # the output layer row by row as well
+        if decode_step.usable(self, kept.dtype, attention_mask, kept.shape[0] * kept.shape[1]):  # row by row too
             return decode_step.linear_rows(kept, self.lm_head)
         return self._linear(kept, self.lm_head)
 
@@ -83,7 +83,7 @@ class LlamaRunner:
                        window_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The layers and the final norm over input vectors `hidden` [rows, n, d]; returns [rows, n, d].
         `kernel=False` keeps the torch ops where `decode_kernel` would use the compiled step."""
-        if kernel and decode_step.usable(self, hidden.dtype, attention_mask):
+        if kernel and decode_step.usable(self, hidden.dtype, attention_mask, hidden.shape[0] * hidden.shape[1]):
             return decode_step.decode(self, hidden, positions, cache, window_mask)
         rows, n = hidden.shape[:2]
         cos, sin = self.rotary(hidden, positions)  # [rows, n, head_dim]

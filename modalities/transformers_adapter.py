@@ -184,7 +184,8 @@ class TransformersTarget:
         elif self.runner is not None:
             run = lambda mask, **window: self.runner.forward(  # noqa: E731
                 tokens, positions, self.cache, mask, logits_to_keep, **window)
-        if self.runner is not None and self.sliding_window is None and decode_step.usable(self.runner, self.dtype, None):
+        if (self.runner is not None and self.sliding_window is None
+                and decode_step.usable(self.runner, self.dtype, None, tokens.shape[0] * n)):
             return run(None, window_mask=window_mask)  # the compiled step reads each row's length and the mask itself
         plain = n == 1 or window_mask is None  # every slot sees its row's cache and the window's earlier slots
         if (self.runner is not None and plain and (self.sliding_window is None or width <= self.sliding_window)

@@ -77,6 +77,7 @@ def test_only_float32_drafts_that_opt_in_use_it():
     draft = TransformersTarget(model, capacity=64, decode_kernel=True)
     assert decode_step.usable(draft.runner, torch.float32, None)
     assert not decode_step.usable(draft.runner, torch.float32, torch.zeros(1, 1, 1, 1))  # an explicit mask
+    assert not decode_step.usable(draft.runner, torch.float32, None, decode_step.MAX_SLOTS + 1)  # a prompt's prefill
     assert not decode_step.usable(TransformersTarget(_model(2, 1, torch.float64), capacity=64,
                                                      decode_kernel=True).runner, torch.float64, None)
 
