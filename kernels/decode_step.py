@@ -1,19 +1,21 @@
-"""A short causal window per row through a float32 Llama stack in one compiled call: a draft's decoding step.
+"""A float32 Llama forward of a few new slots per row in one compiled call: a draft's decoding step.
 
 A draft model (or an EAGLE-style head) decodes one token per row per forward, and at that size a forward is
 almost all per-op overhead: about 45 small torch calls per layer, ~0.3 ms for one layer of width 256 on one
 CPU thread. This kernel runs the whole stack for n new slots per row (RMSNorm, fused q/k/v, rotary, the KV
-writes at the row's next slots, causal attention over the cache and the window, the output projection,
-SwiGLU, residuals, final norm) in plain loops over the same weights, with no torch call in between; drafts
-use it for each drafted token and to catch up on the tokens verification committed. `reference` is its torch twin, the
-runner's own arithmetic.
+writes at each row's next slots, attention over the row's cache and the window slots it sees: causal, or a
+tree's ancestors, the output projection, SwiGLU, residuals, final norm) in plain loops over the same weights,
+with no torch call in between, and the output layer row by row (`linear_rows`).
 
-Sums are taken in a different order than MKL's, so results agree with the torch path to float32 rounding,
-not bit for bit. That is why only drafts use it (`LlamaRunner.decode_kernel`): a draft's law is whatever its
-forward computed, and verification reads that same law, so exactness never depends on the draft's bits. A
-target must score a token the same way alone and in a window, and keeps the torch path.
-Float32 only; it builds on first use beside the other CPU kernels (same compiler requirements), and where it
-cannot build the runner keeps the torch path (`SPECGEN_DECODE_KERNEL=off` turns it off).
+Every multiply-add is an explicit FMA in one fixed order, and four rows share each weight load with the same
+per-row arithmetic, so a token gets the same bits alone, in a window, in a tree or in a batch. Against the torch
+path (`LlamaRunner.forward_hidden(kernel=False)`, its twin in the tests) results agree to float32 rounding. Only
+drafts opt in (`LlamaRunner.decode_kernel`): a draft's law is whatever its forward computed and verification
+reads that same law, so exactness never depends on the draft's bits. Targets keep the torch path because these
+loops lose to MKL and SDPA on wide windows (docs/text.md). Forwards of more than MAX_SLOTS new slots stay on the
+torch path too. Float32 and CPU only; it builds on first use beside the other CPU kernels (same compiler
+requirements), and where it cannot build the runner keeps the torch path (`SPECGEN_DECODE_KERNEL=off` turns it
+off).
 """
 
 from __future__ import annotations
@@ -299,16 +301,7 @@ def _arguments(runner) -> tuple:
 
 
 def _ensure_storage(runner, cache, hidden: torch.Tensor) -> None:
-    """Every layer's cache tensors exist and hold `cache.width` slots (what `PositionCache.update` grows)."""
-    last = len(runner.layers) - 1
-    if last in cache.keys and cache.keys[last].shape[2] >= cache.width:  # layers grow together: the usual case
-        return
+    """Every layer's cache tensors exist and hold the forward's slots (what `PositionCache.update` reserves)."""
     like = hidden.new_empty(1, runner.kv_heads, 1, runner.head_dim)
     for index in range(len(runner.layers)):
-        if index not in cache.keys or cache.keys[index].shape[2] < cache.width:
-            cache._grow(index, like, like, cache.width)
-
-
-def reference(runner, hidden: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
-    """The torch twin: the runner's own forward over the same slot."""
-    return runner.forward_hidden(hidden, positions, cache, None, kernel=False)
+        cache.reserve(index, like, like)

@@ -54,8 +54,7 @@ class PositionCache(Cache):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         # key_states: [rows, kv_heads, window, head_dim]
-        if layer_idx not in self.keys or self.keys[layer_idx].shape[2] < self.width:
-            self._grow(layer_idx, key_states, value_states, self.width)
+        self.reserve(layer_idx, key_states, value_states)
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         if self.all_rows and self.common_start is not None:
             start, end = self.common_start, self.common_start + key_states.shape[2]
@@ -70,6 +69,12 @@ class PositionCache(Cache):
         if self.all_rows:
             return keys[:, :, :width], values[:, :, :width]
         return keys[self.rows, :, :width], values[self.rows, :, :width]
+
+    def reserve(self, layer_idx: int, key_like: torch.Tensor, value_like: torch.Tensor) -> None:
+        """Layer `layer_idx`'s storage exists and holds the current forward's `width` slots (shapes and dtype
+        from key_like / value_like: [*, kv_heads, *, head_dim])."""
+        if layer_idx not in self.keys or self.keys[layer_idx].shape[2] < self.width:
+            self._grow(layer_idx, key_like, value_like, self.width)
 
     def _grow(self, layer_idx: int, key_states, value_states, needed: int) -> None:
         slots = min(self.capacity, max(64, 1 << (needed - 1).bit_length()))
@@ -171,9 +176,8 @@ class TransformersTarget:
     @torch.no_grad()  # not inference_mode: the cache tensors are updated in place later
     def _forward(self, tokens, positions, rows, window_mask, logits_to_keep=0):
         """tokens/positions: [rows, n]; window_mask: [rows, n, n] bool (slot attends to slot), None for a causal
-        window. Float `tokens`
-        [rows, n, d] are input vectors (an EAGLE head's fused inputs): the result is then the final-normed hidden
-        states, not logits (Llama runner only)."""
+        window. Float `tokens` [rows, n, d] are input vectors (an EAGLE head's fused inputs): the result is then the
+        final-normed hidden states, not logits (Llama runner only)."""
         self.forward_calls += 1
         n = tokens.shape[1]
         width = self.cache.begin(rows, n)

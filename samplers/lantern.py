@@ -177,10 +177,7 @@ class RelaxedTreeRejection(TreeRejection):
             paths.append(path)
             outputs.append(output)
             rejected.append(tested)
-        width = max(len(p) for p in paths)
-        path_t = torch.tensor([p + [-1] * (width - len(p)) for p in paths])
-        tokens = torch.tensor([o + [kernels.PLACEHOLDER] * (width - len(o)) for o in outputs])
-        return path_t, tokens, torch.tensor([len(p) - 1 for p in paths]), torch.tensor(rejected)
+        return _packed(paths, outputs, rejected)
 
     def _walk_chain(self, tree: DraftTree, target_probs, accept_uniform, emit_uniform):
         """`walk` for a chain (node n's one child is n + 1): every node's acceptance probability in one batched
@@ -212,15 +209,21 @@ class RelaxedTreeRejection(TreeRejection):
             paths.append(list(range(accepted + 1)))
             outputs.append(children[row, :accepted].tolist() + [emitted])
             rejected.append(accepted < tested_depth[row])
-        width = max(len(p) for p in paths)
-        path_t = torch.tensor([p + [-1] * (width - len(p)) for p in paths])
-        tokens = torch.tensor([o + [kernels.PLACEHOLDER] * (width - len(o)) for o in outputs])
-        return path_t, tokens, torch.tensor([len(p) - 1 for p in paths]), torch.tensor(rejected)
+        return _packed(paths, outputs, rejected)
 
     @property
     def relaxed_share(self) -> float:
         """Of the accepted drafted tokens, the share the exact test would have rejected (same uniforms)."""
         return self.relaxed_accepts / self.accepts if self.accepts else 0.0
+
+
+def _packed(paths: list[list[int]], outputs: list[list[int]], rejected: list[bool]):
+    """Per-row walk results as the rule returns them: (path, tokens, num_accepted, rejected), -1 / PLACEHOLDER
+    padded to the longest path."""
+    width = max(len(p) for p in paths)
+    path_t = torch.tensor([p + [-1] * (width - len(p)) for p in paths])
+    tokens = torch.tensor([o + [kernels.PLACEHOLDER] * (width - len(o)) for o in outputs])
+    return path_t, tokens, torch.tensor([len(p) - 1 for p in paths]), torch.tensor(rejected)
 
 
 def _normalised(mass: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:

@@ -57,8 +57,8 @@ class EagleTreeDrafter:
                                          matmul_dtype=fast_matmul_dtype(head.body), decode_kernel=True)
         self.processing = processing
         self.shape = list(shape)
-        # a chain (every node one child) drafts level by level with one new pair per forward (`_run_chain`)
-        self.chain = all(parent == node - 1 for node, parent in enumerate(self.shape) if node)
+        # a chain (every node one child) drafts level by level with one new pair per forward (`_chain`)
+        self.chain = self.shape == trees.chain_shape(len(self.shape) - 1)
         self.siblings = "deterministic" if processing.greedy else (siblings or "without_replacement")
         self.rank_processing = processing if not processing.greedy else Processing(
             temperature=1.0, top_k=processing.top_k, guidance_scale=processing.guidance_scale, hooks=processing.hooks)
