@@ -371,6 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="the speech token model or its draft (default: target)")
             p.add_argument("--tokens", type=Path, metavar="FILE",
                            help="the encoded corpus, tokens.npz or its folder (default: assets/speech/corpus)")
+            p.add_argument("--layout", choices=("auto", "prefix", "interleaved"), default="auto",
+                           help="sequence layout; auto: interleaved when the corpus has durations.npz (default)")
+            p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (faster on AMX / AVX512-BF16 CPUs)")
         if what in ("text", "draft"):
             p.add_argument("--max-files", type=_int_at_least(1), metavar="N",
                            help="train on the first N corpus files only (quick checks)")

@@ -477,6 +477,7 @@ def train_speech(args) -> int:
         argv += ["--steps", str(args.steps)]
     if getattr(args, "tokens", None):
         argv += ["--tokens", str(args.tokens)]
+    argv += ["--layout", getattr(args, "layout", "auto")] + (["--bf16"] if getattr(args, "bf16", False) else [])
     if args.out:
         argv += ["--run-dir", str(args.out), "--out", str(args.out / "export")]
     return int(train_main(argv) or 0)

@@ -15,7 +15,7 @@ from specgen.errors import VocabularyMismatch
 from specgen.kernels import sample_categorical
 from specgen.modalities.transformers_adapter import TransformersTarget
 from specgen.samplers.noise import Purpose, counter_uniform
-from specgen.samplers.processing import Processing
+from specgen.samplers.processing import Processing, prefix_masks
 from specgen.samplers.types import DecodeContext, Draft, Verdict
 
 
@@ -60,10 +60,18 @@ class ModelDrafter:
     def _draft_ids(self, tokens: torch.Tensor) -> torch.Tensor:
         return tokens if self.to_draft is None else self.to_draft[tokens]
 
-    def _law(self, logits: torch.Tensor) -> torch.Tensor:
+    def _law(self, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
         if self.vocab_ids is not None:  # draft ids past the mapped ones (e.g. <unk>) are never proposed
             logits = logits[:, :len(self.vocab_ids)]
-        return self.processing(logits)  # [rows, draft_vocab]
+        return self.processing(logits, allowed=allowed)  # [rows, draft_vocab]
+
+    def _allowed(self, ctx: DecodeContext, drafted: list[torch.Tensor]) -> torch.Tensor | None:
+        """[rows, draft_vocab] the prefix constraint's mask for the next drafted token (None: no constraint)."""
+        if self.processing.constraint is None:
+            return None
+        continuations = torch.stack(drafted, 1).tolist() if drafted else [[]] * len(ctx.tokens)
+        allowed = prefix_masks(self.processing.constraint, ctx.tokens, continuations)[:, -1]  # [rows, target_vocab]
+        return allowed if self.vocab_ids is None else allowed[:, self.vocab_ids]
 
     def propose(self, ctx: DecodeContext, budget: int) -> Draft:
         rows = ctx.rows
@@ -105,7 +113,7 @@ class ModelDrafter:
                         if bool(stopped.all()):
                             break
                     previous = plain
-                law = self._law(last)
+                law = self._law(last, self._allowed(ctx, drafted))
                 width = law.shape[-1]
                 if fills is not None:
                     law = self._point_masses(law, fills)

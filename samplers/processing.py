@@ -1,14 +1,20 @@
 """The one processed distribution. Verification, residuals, bonus tokens and plain decoding all call
 `Processing.__call__`, so the target side of speculative decoding matches plain decoding exactly.
 
-Order: guidance (l = uncond + s * (cond - uncond)) -> hooks (position constraints, ...) -> temperature ->
-top-k -> top-p -> softmax. Temperature 0 means greedy: a one-hot on the first maximal index.
+Order: guidance (l = uncond + s * (cond - uncond)) -> hooks (position constraints, ...) -> prefix constraint ->
+temperature -> top-k -> top-p -> softmax. Temperature 0 means greedy: a one-hot on the first maximal index.
+
+A prefix constraint decides the allowed tokens from the tokens before a slot (a grammar, a forced order). The
+caller that knows each slot's prefix computes the masks with `prefix_masks` and passes them as `allowed`: the
+draft-verify loop for every scored slot (the committed context plus the drafted tokens before the slot) and
+`ModelDrafter` for each drafted token. Draft and target then sample from laws constrained alike, and the target's
+law is the constrained one, so speculative decoding stays exact with respect to constrained plain decoding.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol, Sequence
 
 import torch
 
@@ -18,6 +24,12 @@ from specgen.errors import InvalidRequest
 LogitsHook = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+class PrefixConstraint(Protocol):
+    def allowed(self, context: torch.Tensor, continuation: Sequence[int]) -> torch.Tensor:
+        """[len(continuation) + 1, vocab] bool: row i holds the tokens allowed after context + continuation[:i].
+        Every row must allow at least one token."""
+
+
 @dataclass(frozen=True)
 class Processing:
     temperature: float = 1.0
@@ -25,6 +37,7 @@ class Processing:
     top_p: float = 1.0  # 1 = off
     guidance_scale: float | None = None  # classifier-free guidance; needs uncond logits
     hooks: tuple[LogitsHook, ...] = ()
+    constraint: PrefixConstraint | None = None  # needs `allowed` masks from the caller (module docstring)
 
     def __post_init__(self):
         if not self.temperature >= 0:
@@ -39,20 +52,26 @@ class Processing:
         return self.temperature == 0
 
     def logits(self, logits: torch.Tensor, positions: torch.Tensor | None = None,
-               uncond_logits: torch.Tensor | None = None) -> torch.Tensor:
-        """Guided and hooked logits, before temperature (what greedy takes the argmax of)."""
+               uncond_logits: torch.Tensor | None = None, allowed: torch.Tensor | None = None) -> torch.Tensor:
+        """Guided, hooked and constrained logits, before temperature (what greedy takes the argmax of).
+        allowed: [..., vocab] bool, the prefix constraint's masks for these slots."""
         if self.guidance_scale is not None:
             if uncond_logits is None:
                 raise InvalidRequest("guidance_scale is set but the model gave no unconditional logits")
             logits = uncond_logits + self.guidance_scale * (logits - uncond_logits)
         for hook in self.hooks:
             logits = hook(logits, positions)
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed, float("-inf"))
+        elif self.constraint is not None:
+            raise InvalidRequest("this processing has a prefix constraint, which only chain drafts and plain "
+                                 "decoding support (they pass each slot's allowed tokens)")
         return logits
 
     def __call__(self, logits: torch.Tensor, positions: torch.Tensor | None = None,
-                 uncond_logits: torch.Tensor | None = None) -> torch.Tensor:
+                 uncond_logits: torch.Tensor | None = None, allowed: torch.Tensor | None = None) -> torch.Tensor:
         """[..., vocab] logits -> [..., vocab] probabilities (float32 at least; float64 stays float64)."""
-        logits = self.logits(logits, positions, uncond_logits)
+        logits = self.logits(logits, positions, uncond_logits, allowed)
         dtype = torch.promote_types(logits.dtype, torch.float32)
         logits = logits.to(dtype)
         if self.greedy:
@@ -66,6 +85,13 @@ class Processing:
         if self.top_p < 1:
             probs = _top_p(probs, self.top_p)
         return probs
+
+
+def prefix_masks(constraint: PrefixConstraint, contexts: Sequence[torch.Tensor],
+                 continuations: Sequence[Sequence[int]]) -> torch.Tensor:
+    """[rows, n + 1, vocab] bool: per row, the allowed tokens after its context and each prefix of its
+    continuation (all continuations have length n)."""
+    return torch.stack([constraint.allowed(c, list(t)) for c, t in zip(contexts, continuations)])
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:

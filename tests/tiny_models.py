@@ -114,12 +114,13 @@ def save_tiny_image_head(root, target_folder, seed=7):
     return head.save(root / "head")
 
 
-def save_tiny_speech_models(root, *, num_tokens, seed=0):
+def save_tiny_speech_models(root, *, num_tokens, seed=0, layout="prefix"):
     """A random target, a random draft and a random codebook for a vocabulary of `num_tokens` acoustic tokens."""
     from specgen.modalities.speech.codec import AcousticCodec
     from specgen.modalities.speech.models import SpeechVocab
 
-    vocab = SpeechVocab(num_tokens=num_tokens, voices=("slt", "awb"), chars="abcdefghijklmnopqrstuvwxyz ,.'?!-")
+    vocab = SpeechVocab(num_tokens=num_tokens, voices=("slt", "awb"), chars="abcdefghijklmnopqrstuvwxyz ,.'?!-",
+                        layout=layout)
     folders = {}
     for role, hidden, layers in (("target", 32, 2), ("draft", 16, 1)):
         torch.manual_seed(seed + (role == "draft"))

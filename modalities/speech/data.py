@@ -171,8 +171,9 @@ def read_manifest(folder: str | Path) -> list[Utterance]:
 
 
 def build_corpus(folder: str | Path, n: int, *, voices: tuple[str, ...] = tuple(VOICES), seed: int = 0,
-                 source: str = "auto", progress: bool = True) -> dict:
-    """Synthesise sentences 0..n-1 into `folder` (resuming), then write and return corpus.json's summary."""
+                 source: str = "auto", progress: bool = True, start: int = 0) -> dict:
+    """Synthesise sentences start..n-1 into `folder` (resuming), then write and return corpus.json's summary.
+    start > 0 makes an evaluation set of sentences no model trained on a corpus of `start` sentences has seen."""
     import soundfile as sf
 
     folder = Path(folder)
@@ -180,6 +181,8 @@ def build_corpus(folder: str | Path, n: int, *, voices: tuple[str, ...] = tuple(
     if unknown or not voices:
         raise InvalidRequest(f"unknown voice(s) {', '.join(unknown) or '(none given)'}; "
                              f"choose from: {', '.join(VOICES)}")
+    if not 0 <= start < n:
+        raise InvalidRequest(f"--start must be in [0, {n}), got {start}")
     for engine in sorted({VOICES[v][0] for v in voices}):
         if not engine_available(engine):
             raise MissingExtra(f"{engine} is not installed (apt-get install {engine})")
@@ -194,7 +197,7 @@ def build_corpus(folder: str | Path, n: int, *, voices: tuple[str, ...] = tuple(
     with open(manifest, "a") as f:
         for i, text in enumerate(texts):
             uid = f"{seed}-{i:05d}"
-            if uid in done:
+            if uid in done or i < start:
                 continue
             voice = voices[i % len(voices)]
             t0 = time.perf_counter()
@@ -249,11 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sentences", type=int, default=3600, help="number of utterances (default: 3600)")
     p.add_argument("--voices", default=",".join(VOICES), help=f"comma-separated (default: {','.join(VOICES)})")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--start", type=int, default=0, help="first sentence index (an evaluation set past a corpus)")
     p.add_argument("--source", choices=("auto", "fortunes", "stdlib"), default="auto")
     a = p.parse_args(argv)
     try:
         summary = build_corpus(a.out, a.sentences, voices=tuple(v.strip() for v in a.voices.split(",")),
-                               seed=a.seed, source=a.source)
+                               seed=a.seed, source=a.source, start=a.start)
     except (InvalidRequest, MissingExtra) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

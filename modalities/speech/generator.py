@@ -1,8 +1,8 @@
 """`SpeechGenerator`: text to acoustic tokens by plain or speculative decoding, and tokens to a waveform.
 
 A request is a sentence and a voice; the prompt is [BOS, voice, characters, BOA] and generation runs until EOS
-or `max_new_tokens` acoustic tokens. One `Processing` (acoustic-tokens-and-EOS only, temperature, top-k, top-p)
-serves plain decoding, verification and the draft alike. Methods come from the registry: `ar` (plain decoding),
+or `max_new_tokens` tokens. One `Processing` (temperature, top-k, top-p, and what may come next: acoustic tokens
+and EOS, or for an interleaved model `SpokenInOrder`) serves plain decoding, verification and the draft alike. Methods come from the registry: `ar` (plain decoding),
 `sd` (a small draft model proposes chains; exact rejection sampling, greedy matching at temperature 0) and two
 relaxed verifications of the same chains, lossy by design: `ssd` (a tolerance beta on every acceptance) and `pcg`
 (rejection sampling on groups of similar acoustic tokens, exact in groups; the groups are built from the target's
@@ -24,7 +24,8 @@ from specgen.errors import InvalidRequest, VocabularyMismatch
 from specgen.modalities.model_drafter import ModelDrafter
 from specgen.modalities.speech.codec import AcousticCodec
 from specgen.modalities.speech.groups import check_theta, load_or_build_groups
-from specgen.modalities.speech.models import DEFAULT_VOICE, default_paths, load_speech_lm, load_speech_vocab
+from specgen.modalities.speech.models import (DEFAULT_VOICE, SpeechVocab, default_paths, load_speech_lm,
+                                              load_speech_vocab)
 from specgen.modalities.transformers_adapter import TransformersTarget, measure_window_s
 from specgen.samplers.acceptance import make_rule
 from specgen.samplers.loop import speculative_generate
@@ -53,6 +54,36 @@ class AcousticOnly:
         banned[:self.num_tokens] = False
         banned[self.eos] = False
         return logits.masked_fill(banned, float("-inf"))
+
+
+@dataclass(frozen=True)
+class SpokenInOrder:
+    """Prefix constraint of the interleaved layout: after BOA the text's characters come in order, each followed by
+    at least one frame; between characters any frame; EOS only after the last character's frames. The model picks
+    how long each character lasts; which character comes next is never its choice."""
+
+    vocab: SpeechVocab
+
+    def allowed(self, context: torch.Tensor, continuation) -> torch.Tensor:
+        v = self.vocab
+        context = torch.as_tensor(context)
+        boa = int((context == v.boa).nonzero()[0, 0])
+        text = context[2:boa]  # [BOS, voice, characters..., BOA]
+        spoken = int((context[boa + 1:] >= v.char_base).sum())
+        last = int(context[-1])
+        masks = torch.zeros(len(continuation) + 1, v.vocab_size, dtype=torch.bool)
+        for i in range(len(continuation) + 1):
+            if last == v.boa:
+                masks[i, int(text[0])] = True
+            elif last >= v.char_base:
+                masks[i, :v.num_tokens] = True
+            else:
+                masks[i, :v.num_tokens] = True
+                masks[i, int(text[spoken]) if spoken < len(text) else v.eos] = True
+            if i < len(continuation):
+                last = int(continuation[i])
+                spoken += last >= v.char_base
+        return masks
 
 
 @dataclass(frozen=True)
@@ -124,16 +155,19 @@ class SpeechGenerator:
 
     def processing(self, *, temperature: float | None = None, top_k: int | None = None,
                    top_p: float = 1.0) -> Processing:
+        constrained = self.vocab.layout == "interleaved"
         return Processing(temperature=DEFAULT_TEMPERATURE if temperature is None else temperature,
                           top_k=DEFAULT_TOP_K if top_k is None else top_k, top_p=top_p,
-                          hooks=(AcousticOnly(self.vocab.num_tokens, self.vocab.eos),))
+                          hooks=() if constrained else (AcousticOnly(self.vocab.num_tokens, self.vocab.eos),),
+                          constraint=SpokenInOrder(self.vocab) if constrained else None)
 
     def max_new_tokens_for(self, text: str, voice: str = DEFAULT_VOICE, max_new_tokens: int | None = None) -> int:
         """The length cap of a request: the given one (checked against the context), or the default for the text."""
         prompt = self.vocab.prompt_ids(text, voice)
         room = self.model.config.max_position_embeddings - len(prompt)
-        if max_new_tokens is None:
-            return min(room, FRAMES_PER_CHAR * (len(prompt) - 3) + 40)
+        if max_new_tokens is None:  # the interleaved layout also spends one token per character
+            per_char = FRAMES_PER_CHAR + (self.vocab.layout == "interleaved")
+            return min(room, per_char * (len(prompt) - 3) + 40)
         if not 1 <= max_new_tokens <= room:
             raise InvalidRequest(f"max_new_tokens must be between 1 and {room} for this text ({len(prompt)} prompt "
                                  f"tokens, context {self.model.config.max_position_embeddings}), got {max_new_tokens}")
@@ -174,9 +208,9 @@ class SpeechGenerator:
         wall_s = time.perf_counter() - started
         summary = stats.summary(method=method, lossless=get_method("speech", method).lossless, wall_s=wall_s,
                                 ar_step_s=ar_step_s)
-        groups = [[g for t, g in zip(row, tags) if t != self.vocab.eos] if tags else None
-                  for row, tags in zip(tokens, groups)]
-        tokens = [[t for t in row if t != self.vocab.eos] for row in tokens]
+        acoustic = self.vocab.num_tokens  # characters (interleaved layout) and EOS are not frames
+        groups = [[g for t, g in zip(row, tags) if t < acoustic] if tags else None for row, tags in zip(tokens, groups)]
+        tokens = [self.vocab.acoustic(row) for row in tokens]
         summary["audio_s"] = len(tokens[0]) / self.codec.cfg.frame_rate if decode else None
         audios = [self.decode(t) if decode else np.zeros(0, np.float32) for t in tokens]
         samples = [{"tokens": t, "audio": a, **({"groups": g} if g is not None else {})}

@@ -1,8 +1,13 @@
 """The speech token models: text (characters) in, acoustic tokens out, as plain `LlamaForCausalLM`s.
 
-A sequence is [BOS, voice, text characters, BOA, acoustic tokens, EOS]. Acoustic tokens keep their codebook ids
-(0 .. num_tokens-1); the special tokens, the voice tokens and the characters follow them. The loss is taken on the
-acoustic tokens and EOS only. Shipped models live in `assets/speech/{codec,target,draft}` (`SPECGEN_ASSETS`
+Two sequence layouts (`SpeechVocab.layout`):
+- `prefix`: [BOS, voice, text characters, BOA, acoustic tokens, EOS]; the model must find the alignment itself.
+- `interleaved`: [BOS, voice, text characters, BOA, c1, frames of c1, c2, frames of c2, ..., cn, frames, EOS]:
+  each character is spoken again at the frame where it starts (durations from `align.py`), so the model always
+  sees which character it is saying. While generating, `SpokenInOrder` allows only the text's next character
+  (or a frame, or EOS after the last character's frames), so the model chooses *when* to move on, never *where*.
+Acoustic tokens keep their codebook ids (0 .. num_tokens-1); the special tokens, the voice tokens and the
+characters follow them. The loss is taken on everything after BOA. Shipped models live in `assets/speech/{codec,target,draft}` (`SPECGEN_ASSETS`
 overrides the assets folder as it does for text and image); each model folder carries its `vocab.json`.
 """
 
@@ -17,6 +22,7 @@ import torch
 from specgen.errors import InvalidRequest, ModelNotFound
 
 SPECIALS = ("bos", "boa", "eos", "pad")
+LAYOUTS = ("prefix", "interleaved")
 MAX_POSITIONS = 1024
 MAX_TEXT_CHARS = 200
 DEFAULT_VOICE = "slt"
@@ -39,6 +45,15 @@ class SpeechVocab:
     num_tokens: int  # acoustic tokens are ids 0 .. num_tokens-1
     voices: tuple[str, ...]
     chars: str
+    layout: str = "prefix"  # or "interleaved" (module docstring)
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise InvalidRequest(f"speech layout must be one of {', '.join(LAYOUTS)}, not {self.layout!r}")
+
+    @property
+    def char_base(self) -> int:
+        return self.num_tokens + len(SPECIALS) + len(self.voices)
 
     @property
     def bos(self) -> int:
@@ -76,16 +91,36 @@ class SpeechVocab:
                                  f"use letters, digits, spaces and {marks!r}")
         if len(text) > MAX_TEXT_CHARS:
             raise InvalidRequest(f"the text has {len(text)} characters; at most {MAX_TEXT_CHARS} fit")
-        base = self.num_tokens + len(SPECIALS) + len(self.voices)
-        return [base + self.chars.index(c) for c in text]
+        return [self.char_base + self.chars.index(c) for c in text]
 
     def prompt_ids(self, text: str, voice: str = DEFAULT_VOICE) -> torch.Tensor:
         """[BOS, voice, characters, BOA] as int64."""
         return torch.tensor([self.bos, self.voice_id(voice), *self.char_ids(text), self.boa], dtype=torch.long)
 
+    def sequence(self, text: str, voice: str, frames, durations=None) -> tuple[list[int], int]:
+        """A training sequence in this layout and its prompt length. frames: the acoustic tokens; durations: the
+        frames of each character (interleaved layout only; they must sum to len(frames))."""
+        prompt = self.prompt_ids(text, voice).tolist()
+        frames = [int(f) for f in frames]
+        if self.layout == "prefix":
+            return prompt + frames + [self.eos], len(prompt)
+        chars = self.char_ids(text)
+        if durations is None or len(durations) != len(chars) or sum(durations) != len(frames) or min(durations) < 1:
+            raise InvalidRequest("the interleaved layout needs one duration >= 1 per character, summing to the frames")
+        body, at = [], 0
+        for char, count in zip(chars, durations):
+            body += [char, *frames[at:at + int(count)]]
+            at += int(count)
+        return prompt + body + [self.eos], len(prompt)
+
+    def acoustic(self, tokens) -> list[int]:
+        """The acoustic tokens of a generated sequence (characters and EOS dropped)."""
+        return [int(t) for t in tokens if int(t) < self.num_tokens]
+
     def to_dict(self) -> dict:
         return {"num_tokens": self.num_tokens, "voices": list(self.voices), "chars": self.chars,
-                "specials": {s: getattr(self, s) for s in SPECIALS}, "vocab_size": self.vocab_size}
+                "layout": self.layout, "specials": {s: getattr(self, s) for s in SPECIALS},
+                "vocab_size": self.vocab_size}
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
@@ -98,13 +133,14 @@ class SpeechVocab:
         if not path.exists():
             raise ModelNotFound(f"no speech vocabulary at {str(path)!r}")
         d = json.loads(path.read_text())
-        return cls(num_tokens=int(d["num_tokens"]), voices=tuple(d["voices"]), chars=str(d["chars"]))
+        return cls(num_tokens=int(d["num_tokens"]), voices=tuple(d["voices"]), chars=str(d["chars"]),
+                   layout=str(d.get("layout", "prefix")))
 
 
-def default_vocab(num_tokens: int = 1024) -> SpeechVocab:
+def default_vocab(num_tokens: int = 1024, layout: str = "prefix") -> SpeechVocab:
     from specgen.modalities.speech import data
 
-    return SpeechVocab(num_tokens=num_tokens, voices=tuple(data.VOICES), chars=data.ALPHABET)
+    return SpeechVocab(num_tokens=num_tokens, voices=tuple(data.VOICES), chars=data.ALPHABET, layout=layout)
 
 
 def assets_dir() -> Path:

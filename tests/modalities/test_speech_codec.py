@@ -105,3 +105,12 @@ def test_corpus_resumes_and_records_speed(tmp_path):
     utt = data.read_manifest(tmp_path)[0]
     audio = codec.read_wav(tmp_path / utt.file)
     assert abs(len(audio) / 16000 - utt.seconds) < 1e-3 and json.loads(lines[3])["voice"] == "en-us-f3"
+
+
+@pytest.mark.skipif(not (shutil.which("flite")), reason="flite needed")
+def test_an_evaluation_set_starts_past_the_corpus(tmp_path):
+    summary = data.build_corpus(tmp_path, 5, voices=("slt",), progress=False, start=3)
+    assert summary["utterances"] == 2
+    assert [u.text for u in data.read_manifest(tmp_path)] == data.sentences(5)[3:]
+    with pytest.raises(InvalidRequest, match="start"):
+        data.build_corpus(tmp_path, 5, voices=("slt",), progress=False, start=5)

@@ -80,3 +80,32 @@ def test_train_speech_command_runs_two_steps_then_resumes(tmp_path, capsys):
     assert summary["steps"] == 3 and summary["resumed_from_steps"] == [2] and summary["params"] == 677_760
     assert (tmp_path / "run" / "export" / "model.safetensors").exists()
     capsys.readouterr()
+
+
+def test_aligned_corpus_trains_the_interleaved_layout(tmp_path):
+    """align -> durations.npz -> an interleaved bf16 run -> an export whose generation speaks the text in order."""
+    from specgen.modalities.speech.align import align_corpus, load_durations
+
+    rng = np.random.default_rng(1)
+    texts = [f"say {w} now." for w in ("one", "two", "three", "four")] * 4
+    lengths = rng.integers(30, 45, size=len(texts))
+    np.savez_compressed(tmp_path / "tokens.npz", tokens=rng.integers(0, 32, size=int(lengths.sum())).astype(np.uint16),
+                        offsets=np.concatenate([[0], np.cumsum(lengths)]), num_tokens=np.array(32),
+                        texts=np.array(texts), voices=np.array(["slt", "awb"] * 8),
+                        ids=np.array([str(i) for i in range(len(texts))]))
+    AcousticCodec(torch.randn(32, 80, generator=torch.Generator().manual_seed(0))).save(tmp_path / "codec")
+    report = align_corpus(tmp_path, tmp_path / "codec", held_out=4, gaussian_rounds=1, network_rounds=1,
+                          log=lambda m: None)
+    durations = load_durations(tmp_path)
+    assert report["utterances"] == 16 and len(durations) == 16
+    assert all(len(d) == len(t) and d.min() >= 1 and d.sum() == n for d, t, n in zip(durations, texts, lengths))
+    summary = train(config(tmp_path, tmp_path / "run", 2, out=str(tmp_path / "export"), layout="interleaved",
+                           bf16=True))
+    assert summary["layout"] == "interleaved" and summary["bf16_autocast"] and summary["steps"] == 2
+    generator = SpeechGenerator(tmp_path / "export", tmp_path / "export", tmp_path / "codec")
+    assert generator.vocab.layout == "interleaved"
+    result = generator.generate("say one now.", method="sd", max_new_tokens=20, temperature=0, decode=False)
+    assert result.tokens and max(result.tokens) < 32
+    (tmp_path / "durations.npz").unlink()
+    with pytest.raises(Exception, match="durations"):
+        train(config(tmp_path, tmp_path / "run2", 1, layout="interleaved"))
