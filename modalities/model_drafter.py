@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from specgen.errors import VocabularyMismatch
+from specgen.errors import InvalidRequest, VocabularyMismatch
 from specgen.kernels import sample_categorical
 from specgen.modalities.transformers_adapter import TransformersTarget
 from specgen.samplers.noise import Purpose, counter_uniform
-from specgen.samplers.processing import Processing, prefix_masks
+from specgen.samplers.processing import Processing, prefix_routes
 from specgen.samplers.types import DecodeContext, Draft, Verdict
 
 
@@ -60,18 +60,19 @@ class ModelDrafter:
     def _draft_ids(self, tokens: torch.Tensor) -> torch.Tensor:
         return tokens if self.to_draft is None else self.to_draft[tokens]
 
-    def _law(self, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor:
+    def _law(self, logits: torch.Tensor, routes: torch.Tensor | None = None) -> torch.Tensor:
         if self.vocab_ids is not None:  # draft ids past the mapped ones (e.g. <unk>) are never proposed
             logits = logits[:, :len(self.vocab_ids)]
-        return self.processing(logits, allowed=allowed)  # [rows, draft_vocab]
+        return self.processing(logits, routes=routes)  # [rows, draft_vocab]
 
-    def _allowed(self, ctx: DecodeContext, drafted: list[torch.Tensor]) -> torch.Tensor | None:
-        """[rows, draft_vocab] the prefix constraint's mask for the next drafted token (None: no constraint)."""
+    def _routes(self, ctx: DecodeContext, drafted: list[torch.Tensor]) -> torch.Tensor | None:
+        """[rows, vocab] the prefix constraint's routes for the next drafted token (None: no constraint)."""
         if self.processing.constraint is None:
             return None
+        if self.vocab_ids is not None:
+            raise InvalidRequest("a prefix constraint needs a draft with the target's vocabulary")
         continuations = torch.stack(drafted, 1).tolist() if drafted else [[]] * len(ctx.tokens)
-        allowed = prefix_masks(self.processing.constraint, ctx.tokens, continuations)[:, -1]  # [rows, target_vocab]
-        return allowed if self.vocab_ids is None else allowed[:, self.vocab_ids]
+        return prefix_routes(self.processing.constraint, ctx.tokens, continuations)[:, -1]
 
     def propose(self, ctx: DecodeContext, budget: int) -> Draft:
         rows = ctx.rows
@@ -113,7 +114,7 @@ class ModelDrafter:
                         if bool(stopped.all()):
                             break
                     previous = plain
-                law = self._law(last, self._allowed(ctx, drafted))
+                law = self._law(last, self._routes(ctx, drafted))
                 width = law.shape[-1]
                 if fills is not None:
                     law = self._point_masses(law, fills)

@@ -17,7 +17,7 @@ import torch
 
 from specgen.errors import InvalidRequest
 from specgen.samplers.noise import chain_noise, tree_noise
-from specgen.samplers.processing import Processing, prefix_masks
+from specgen.samplers.processing import Processing, prefix_routes
 from specgen.samplers.protocols import AcceptanceRule, Drafter, LengthPolicy, TargetModel
 from specgen.samplers.policies import FixedLength
 from specgen.samplers.stats import SpecStats
@@ -91,14 +91,14 @@ def verify_step(target: TargetModel, rule: AcceptanceRule, proposal: Draft | Dra
     # only drafted tokens are checked: the pending token is committed and may be a prompt token of any id
     if drafted_tokens.numel() and (int(drafted_tokens.min()) < 0 or int(drafted_tokens.max()) >= target.vocab_size):
         raise InvalidRequest(f"a drafted token id is outside the target vocabulary [0, {target.vocab_size})")
-    allowed = None
+    routes = None
     if processing.constraint is not None:  # slot i follows the context and tokens[:, 1:i + 1]
         if mask is not None:
             raise InvalidRequest("a prefix constraint needs chain drafts, not trees")
-        allowed = prefix_masks(processing.constraint, ctx.tokens, tokens[:, 1:].tolist())
+        routes = prefix_routes(processing.constraint, ctx.tokens, tokens[:, 1:].tolist())
     scores = target.score(tokens, positions, ctx.rows, mask)
     cond, uncond = scores if isinstance(scores, tuple) else (scores, None)
-    target_probs = processing(cond, positions + 1, uncond, allowed)  # slot i is the law of the token at position i + 1
+    target_probs = processing(cond, positions + 1, uncond, routes)  # slot i is the law of the token at position i + 1
     if random:  # the token emitted at slot (or node) i lands at positions[:, i] + 1: more noise is keyed there
         noise = AcceptanceNoise(*noise, seed=ctx.seed, sample_ids=ctx.sample_ids, positions=positions + 1)
     verdict = rule(proposal, target_probs, noise)

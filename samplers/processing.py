@@ -4,11 +4,12 @@
 Order: guidance (l = uncond + s * (cond - uncond)) -> hooks (position constraints, ...) -> prefix constraint ->
 temperature -> top-k -> top-p -> softmax. Temperature 0 means greedy: a one-hot on the first maximal index.
 
-A prefix constraint decides the allowed tokens from the tokens before a slot (a grammar, a forced order). The
-caller that knows each slot's prefix computes the masks with `prefix_masks` and passes them as `allowed`: the
-draft-verify loop for every scored slot (the committed context plus the drafted tokens before the slot) and
-`ModelDrafter` for each drafted token. Draft and target then sample from laws constrained alike, and the target's
-law is the constrained one, so speculative decoding stays exact with respect to constrained plain decoding.
+A prefix constraint decides, from the tokens before a slot, where each token's probability goes (a grammar, a
+forced order): to the token itself, to another token (merging), or nowhere (masked). The caller that knows each
+slot's prefix computes these routes with `prefix_routes` and passes them on: the draft-verify loop for every scored
+slot (the committed context plus the drafted tokens before the slot) and `ModelDrafter` for each drafted token.
+Draft and target then sample from laws transformed alike, and the target's law is the transformed one, so
+speculative decoding stays exact with respect to constrained plain decoding.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ LogitsHook = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class PrefixConstraint(Protocol):
-    def allowed(self, context: torch.Tensor, continuation: Sequence[int]) -> torch.Tensor:
-        """[len(continuation) + 1, vocab] bool: row i holds the tokens allowed after context + continuation[:i].
-        Every row must allow at least one token."""
+    def routes(self, context: torch.Tensor, continuation: Sequence[int]) -> torch.Tensor:
+        """[len(continuation) + 1, vocab] int64: row i says, for the slot after context + continuation[:i], where
+        each token's probability goes: a token id (itself, or another token it is merged into) or -1 (masked).
+        Every row must keep some token."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class Processing:
     top_p: float = 1.0  # 1 = off
     guidance_scale: float | None = None  # classifier-free guidance; needs uncond logits
     hooks: tuple[LogitsHook, ...] = ()
-    constraint: PrefixConstraint | None = None  # needs `allowed` masks from the caller (module docstring)
+    constraint: PrefixConstraint | None = None  # needs `routes` from the caller (module docstring)
 
     def __post_init__(self):
         if not self.temperature >= 0:
@@ -52,26 +54,26 @@ class Processing:
         return self.temperature == 0
 
     def logits(self, logits: torch.Tensor, positions: torch.Tensor | None = None,
-               uncond_logits: torch.Tensor | None = None, allowed: torch.Tensor | None = None) -> torch.Tensor:
+               uncond_logits: torch.Tensor | None = None, routes: torch.Tensor | None = None) -> torch.Tensor:
         """Guided, hooked and constrained logits, before temperature (what greedy takes the argmax of).
-        allowed: [..., vocab] bool, the prefix constraint's masks for these slots."""
+        routes: [..., vocab] int64, the prefix constraint's routes for these slots."""
         if self.guidance_scale is not None:
             if uncond_logits is None:
                 raise InvalidRequest("guidance_scale is set but the model gave no unconditional logits")
             logits = uncond_logits + self.guidance_scale * (logits - uncond_logits)
         for hook in self.hooks:
             logits = hook(logits, positions)
-        if allowed is not None:
-            logits = logits.masked_fill(~allowed, float("-inf"))
+        if routes is not None:
+            logits = route_logits(logits, routes)
         elif self.constraint is not None:
             raise InvalidRequest("this processing has a prefix constraint, which only chain drafts and plain "
-                                 "decoding support (they pass each slot's allowed tokens)")
+                                 "decoding support (they pass each slot's routes)")
         return logits
 
     def __call__(self, logits: torch.Tensor, positions: torch.Tensor | None = None,
-                 uncond_logits: torch.Tensor | None = None, allowed: torch.Tensor | None = None) -> torch.Tensor:
+                 uncond_logits: torch.Tensor | None = None, routes: torch.Tensor | None = None) -> torch.Tensor:
         """[..., vocab] logits -> [..., vocab] probabilities (float32 at least; float64 stays float64)."""
-        logits = self.logits(logits, positions, uncond_logits, allowed)
+        logits = self.logits(logits, positions, uncond_logits, routes)
         dtype = torch.promote_types(logits.dtype, torch.float32)
         logits = logits.to(dtype)
         if self.greedy:
@@ -87,11 +89,24 @@ class Processing:
         return probs
 
 
-def prefix_masks(constraint: PrefixConstraint, contexts: Sequence[torch.Tensor],
-                 continuations: Sequence[Sequence[int]]) -> torch.Tensor:
-    """[rows, n + 1, vocab] bool: per row, the allowed tokens after its context and each prefix of its
-    continuation (all continuations have length n)."""
-    return torch.stack([constraint.allowed(c, list(t)) for c, t in zip(contexts, continuations)])
+def prefix_routes(constraint: PrefixConstraint, contexts: Sequence[torch.Tensor],
+                  continuations: Sequence[Sequence[int]]) -> torch.Tensor:
+    """[rows, n + 1, vocab] int64: per row, the routes after its context and each prefix of its continuation (all
+    continuations have length n)."""
+    return torch.stack([constraint.routes(c, list(t)) for c, t in zip(contexts, continuations)])
+
+
+def route_logits(logits: torch.Tensor, routes: torch.Tensor) -> torch.Tensor:
+    """Logits whose softmax moves each token's probability to routes[token] (-1: dropped). Pure masks (every token
+    routed to itself or dropped) keep the other logits bit for bit; merges sum probabilities in logit space."""
+    vocab = logits.shape[-1]
+    identity = torch.arange(vocab)
+    if bool(((routes == identity) | (routes < 0)).all()):
+        return logits.masked_fill(routes < 0, float("-inf"))
+    top = logits.max(-1, keepdim=True).values
+    kept = (logits - top).exp() * (routes >= 0)  # [..., vocab]
+    pooled = torch.zeros_like(kept).scatter_add_(-1, routes.clamp(min=0), kept)
+    return pooled.log() + top
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:

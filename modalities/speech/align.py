@@ -13,8 +13,8 @@ without any outside model, by Viterbi training on the corpus' own frames (the fr
 
     python -m specgen.modalities.speech.align --tokens assets/speech/corpus
 
-writes `durations.npz` beside `tokens.npz`: per utterance, its characters' frame counts (concatenated int16 with
-offsets; they sum to the utterance's frame count). Held-out utterances are aligned but never fitted on.
+writes `durations.npz` beside `tokens.npz`: per utterance, its characters' frame counts (concatenated uint8, with
+each utterance's character count; they sum to the utterance's frame count). Held-out utterances are aligned but never fitted on.
 """
 
 from __future__ import annotations
@@ -139,9 +139,11 @@ def align_corpus(tokens_dir: Path, codec_dir: Path, *, held_out: int, gaussian_r
         paths = new
         history.append({"round": r + 1, "kind": note.split()[0], "frames_changed": round(changed, 4)})
         log(f"align round {r + 1}: {note}, {changed:.1%} of frames moved")
-    durations = [np.bincount(p, minlength=len(c)).astype(np.int16) for p, (_, c, _) in zip(paths, utts)]
+    durations = [np.bincount(p, minlength=len(c)) for p, (_, c, _) in zip(paths, utts)]
     counts = np.concatenate(durations)
-    out = {"durations": counts, "offsets": np.cumsum([0] + [len(d) for d in durations]).astype(np.int64)}
+    if counts.max() > 255 or max(len(d) for d in durations) > 255:
+        raise ValueError("a duration or a sentence is too long for the uint8 storage")
+    out = {"durations": counts.astype(np.uint8), "chars": np.array([len(d) for d in durations], dtype=np.uint8)}
 
     def write(path):
         with open(path, "wb") as f:
@@ -161,7 +163,7 @@ def load_durations(tokens_dir: Path) -> list[np.ndarray] | None:
     if not path.exists():
         return None
     blob = np.load(path)
-    offsets = blob["offsets"]
+    offsets = np.cumsum(np.concatenate([[0], blob["chars"].astype(np.int64)]))
     return [blob["durations"][offsets[i]:offsets[i + 1]].astype(np.int64) for i in range(len(offsets) - 1)]
 
 

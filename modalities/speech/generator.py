@@ -58,32 +58,35 @@ class AcousticOnly:
 
 @dataclass(frozen=True)
 class SpokenInOrder:
-    """Prefix constraint of the interleaved layout: after BOA the text's characters come in order, each followed by
-    at least one frame; between characters any frame; EOS only after the last character's frames. The model picks
-    how long each character lasts; which character comes next is never its choice."""
+    """Prefix constraint of the interleaved layout. After BOA the text's characters come in order, each followed
+    by at least one frame; EOS comes after the last character's frames. Between characters the model's wish to move
+    on (its probability of any character or of EOS) goes to the text's next character, or to EOS after the last:
+    the model picks how long each character lasts, never which character comes next. Other tokens are masked."""
 
     vocab: SpeechVocab
 
-    def allowed(self, context: torch.Tensor, continuation) -> torch.Tensor:
+    def routes(self, context: torch.Tensor, continuation) -> torch.Tensor:
         v = self.vocab
         context = torch.as_tensor(context)
         boa = int((context == v.boa).nonzero()[0, 0])
-        text = context[2:boa]  # [BOS, voice, characters..., BOA]
+        text = context[2:boa].tolist()  # [BOS, voice, characters..., BOA]
         spoken = int((context[boa + 1:] >= v.char_base).sum())
         last = int(context[-1])
-        masks = torch.zeros(len(continuation) + 1, v.vocab_size, dtype=torch.bool)
+        routes = torch.full((len(continuation) + 1, v.vocab_size), -1, dtype=torch.long)
+        frames = torch.arange(v.num_tokens)
         for i in range(len(continuation) + 1):
             if last == v.boa:
-                masks[i, int(text[0])] = True
-            elif last >= v.char_base:
-                masks[i, :v.num_tokens] = True
+                routes[i] = text[0]  # the first character is certain
             else:
-                masks[i, :v.num_tokens] = True
-                masks[i, int(text[spoken]) if spoken < len(text) else v.eos] = True
+                routes[i, :v.num_tokens] = frames
+                if last < v.char_base:  # after a frame: staying or moving on
+                    onward = text[spoken] if spoken < len(text) else v.eos
+                    routes[i, v.char_base:] = onward
+                    routes[i, v.eos] = onward
             if i < len(continuation):
                 last = int(continuation[i])
                 spoken += last >= v.char_base
-        return masks
+        return routes
 
 
 @dataclass(frozen=True)

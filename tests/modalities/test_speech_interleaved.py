@@ -16,7 +16,7 @@ from specgen.modalities.speech.models import SpeechVocab
 from specgen.samplers import loop
 from specgen.samplers.chisquare import goodness_of_fit
 from specgen.samplers.oracle import target_joint
-from specgen.samplers.processing import Processing, prefix_masks
+from specgen.samplers.processing import Processing, prefix_routes, route_logits
 
 
 @pytest.fixture(scope="module")
@@ -58,19 +58,33 @@ def test_interleaved_sequence_and_its_errors():
         SpeechVocab(num_tokens=8, voices=("slt",), chars="ab", layout="diagonal")
 
 
-def test_spoken_in_order_masks():
+def test_spoken_in_order_routes():
     vocab = SpeechVocab(num_tokens=4, voices=("slt",), chars="ab", layout="interleaved")
     a, b = vocab.char_ids("ab")
     prompt = vocab.prompt_ids("ab", "slt")
-    masks = SpokenInOrder(vocab).allowed(prompt, [a, 1, b, 2])
-    allowed = [set(m.nonzero().flatten().tolist()) for m in masks]
-    frames = {0, 1, 2, 3}
-    assert allowed == [{a}, frames, frames | {b}, frames, frames | {vocab.eos}]
+    routes = SpokenInOrder(vocab).routes(prompt, [a, 1, b, 2])
+    frames = [0, 1, 2, 3]
+    assert (routes[0] == a).all()  # after BOA: the first character, whatever the model says
+    assert routes[1, :4].tolist() == frames and (routes[1, 4:] == -1).all()  # after a character: a frame
+    for row, onward in ((2, b), (4, vocab.eos)):  # after a frame: stay, or move on to the next character / EOS
+        assert routes[row, :4].tolist() == frames
+        assert (routes[row, vocab.char_base:] == onward).all() and routes[row, vocab.eos] == onward
+        assert (routes[row, [vocab.bos, vocab.boa, vocab.pad, vocab.voice_id("slt")]] == -1).all()
     # from a committed context alone it agrees with the walk through the continuation
-    again = SpokenInOrder(vocab).allowed(torch.cat([prompt, torch.tensor([a, 1, b])]), [])
-    assert torch.equal(again[0], masks[3])
-    batched = prefix_masks(SpokenInOrder(vocab), [prompt, prompt], [[a, 1], [a, 2]])
+    again = SpokenInOrder(vocab).routes(torch.cat([prompt, torch.tensor([a, 1, b])]), [])
+    assert torch.equal(again[0], routes[3])
+    batched = prefix_routes(SpokenInOrder(vocab), [prompt, prompt], [[a, 1], [a, 2]])
     assert batched.shape == (2, 3, vocab.vocab_size)
+
+
+def test_route_logits_merges_and_masks():
+    logits = torch.tensor([[0.0, 1.0, 2.0, -1.0]], dtype=torch.float64)
+    merged = route_logits(logits, torch.tensor([[0, 1, 1, -1]]))
+    probs = logits.softmax(-1)[0]
+    assert torch.allclose(merged.softmax(-1)[0], torch.stack([probs[0], probs[1] + probs[2], probs[3] * 0, probs[3] * 0])
+                          / (1 - probs[3]))
+    masked = route_logits(logits, torch.tensor([[0, -1, 2, 3]]))  # a pure mask keeps the other logits' bits
+    assert torch.equal(masked[0, [0, 2, 3]], logits[0, [0, 2, 3]]) and masked[0, 1] == float("-inf")
 
 
 def _spoken_text(vocab, tokens):
@@ -97,7 +111,7 @@ def test_greedy_sd_equals_ar_and_follows_the_text(tiny):
 
 
 class ConstrainedOracle:
-    """The tiny target's float64 logits with the layout's constraint applied: the constrained target's law."""
+    """The tiny target's float64 logits with the layout's routes applied: the constrained target's law."""
 
     def __init__(self, model, vocab):
         self.model, self.constraint = model, SpokenInOrder(vocab)
@@ -105,7 +119,7 @@ class ConstrainedOracle:
     def logits(self, context):
         with torch.no_grad():
             logits = self.model(input_ids=torch.tensor([list(context)])).logits[0, -1].double()
-        return logits.masked_fill(~self.constraint.allowed(torch.tensor(context), [])[0], float("-inf"))
+        return route_logits(logits, self.constraint.routes(torch.tensor(context), [])[0])
 
 
 def _sequences(generator, method, length=4, samples=2000):
@@ -134,15 +148,15 @@ def test_sampling_matches_the_exact_constrained_target(small_vocab, method):
 
 
 def test_stale_masks_fail_the_same_test(small_vocab, monkeypatch):
-    """Control: verification that masks every slot as if nothing had been drafted before it samples another law."""
+    """Control: verification that routes every slot as if nothing had been drafted before it samples another law."""
     target, draft, codec = small_vocab
     generator = SpeechGenerator(target, draft, codec, dtype=torch.float64)
 
     def stale(constraint, contexts, continuations):
-        fresh = prefix_masks(constraint, contexts, continuations)
+        fresh = prefix_routes(constraint, contexts, continuations)
         return fresh[:, :1].expand_as(fresh)
 
-    monkeypatch.setattr(loop, "prefix_masks", stale)
+    monkeypatch.setattr(loop, "prefix_routes", stale)
     samples, law = _sequences(generator, "sd")
     assert goodness_of_fit(samples, law).p_value < 1e-6
 
