@@ -71,8 +71,9 @@ def generate_speech(args) -> int:
     wall_s = time.perf_counter() - started
     summary = stats.summary(method=method, lossless=spec.lossless, wall_s=wall_s,
                             ar_step_s=generator.measure_step_s(args.text, voice))
-    groups = [g for t, g in zip(tokens, groups) if t != generator.vocab.eos]
-    tokens = [t for t in tokens if t != generator.vocab.eos]
+    # the acoustic tokens: EOS and (interleaved layout) the characters spoken again are not frames
+    groups = [g for t, g in zip(tokens, groups) if t < generator.vocab.num_tokens]
+    tokens = generator.vocab.acoustic(tokens)
     summary["audio_s"] = len(tokens) / generator.codec.cfg.frame_rate
     write_wav(args.out, generator.decode(tokens), generator.sample_rate)
     if args.json:

@@ -57,7 +57,7 @@ def make_speech_runner(speech_models: SpeechModels):
                            acceptance_frame(current["per_position_acceptance"]), current)
             summary = stats.summary(method=method, lossless=spec.lossless, wall_s=busy[0],
                                     ar_step_s=generator.measure_step_s(text.strip(), voice))
-            audio = (generator.sample_rate, generator.decode([t for t in tokens if t != generator.vocab.eos]))
+            audio = (generator.sample_rate, generator.decode(generator.vocab.acoustic(tokens)))
             compared, note = None, ""
             if compare and spec.drafter is not None:
                 ar_tokens: list[int] = []

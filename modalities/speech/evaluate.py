@@ -92,13 +92,15 @@ class Recogniser:
 
 
 def evaluate(corpus: Path, codec_dir: Path, n: int = 48, model: Path | None = None, draft: Path | None = None,
-             wer: bool = True, seed: int = 0, true_mel: bool = True, method: str = "ar", progress: bool = False) -> dict:
+             wer: bool = True, seed: int = 0, true_mel: bool = True, method: str = "ar", progress: bool = False,
+             generic_lm: bool = True, shard: tuple[int, int] = (0, 1), sampling: dict | None = None) -> dict:
+    """sampling: generation options (temperature, top_k, ...); default: the generator's."""
     from tqdm import tqdm
 
     from specgen.modalities.speech import codec, data
 
     cd = codec.AcousticCodec.load(codec_dir)
-    utts = data.read_manifest(corpus)[-n:]
+    utts = data.read_manifest(corpus)[-n:][shard[0]::shard[1]]  # shard (i, k): every k-th from the i-th
     generator = None
     if model is not None:
         from specgen.modalities.speech.generator import SpeechGenerator
@@ -108,7 +110,9 @@ def evaluate(corpus: Path, codec_dir: Path, n: int = 48, model: Path | None = No
     recognisers = {}
     if wer:
         try:
-            recognisers = {"generic_lm": Recogniser(), "eval_unigram_lm": Recogniser([u.text for u in utts])}
+            all_texts = [u.text for u in data.read_manifest(corpus)[-n:]]  # one LM for every shard
+            recognisers = {**({"generic_lm": Recogniser()} if generic_lm else {}),
+                           "eval_unigram_lm": Recogniser(all_texts)}
         except ImportError:
             recognisers = {}
     encoder = None
@@ -119,6 +123,19 @@ def evaluate(corpus: Path, codec_dir: Path, n: int = 48, model: Path | None = No
             encoder = VoiceEncoder("cpu", verbose=False)
         except ImportError:
             encoder = None
+
+    profiles = None
+    if wer:  # the speaker-similarity proxy of `quality.py`: voice profiles from corpus training utterances
+        from specgen.modalities.speech.models import default_paths
+        from specgen.modalities.speech.quality import VoiceProfiles, first_per_voice, load_corpus, split_corpus
+        from specgen.modalities.speech.train import VAL_UTTERANCES
+
+        training, _ = split_corpus(load_corpus(default_paths()["codec"].parent / "corpus"), VAL_UTTERANCES)
+        if all(int(u.tokens.max()) < cd.num_tokens for u in training):  # the shipped corpus fits this codebook
+            references: dict[str, list] = {}
+            for ref in first_per_voice(training, 8):
+                references.setdefault(ref.voice, []).append(cd.decode(ref.tokens.tolist()))
+            profiles = VoiceProfiles.fit(references, cd.cfg)
 
     def embed(sig):
         return encoder.embed_utterance(preprocess_wav(sig, source_sr=16000))
@@ -132,10 +149,15 @@ def evaluate(corpus: Path, codec_dir: Path, n: int = 48, model: Path | None = No
         signals = {"original": audio, **({"gl_true_mel": codec.vocode(mel)} if true_mel else {}),
                    "gl_tokens": cd.decode(tokens)}
         if generator is not None:
-            result = generator.generate(u.text, voice=u.voice, method=method, seed=seed)
+            result = generator.generate(u.text, voice=u.voice, method=method, seed=seed, **(sampling or {}))
             signals["generated"] = result.audio
         row = {"id": u.id, "voice": u.voice, "engine": data.VOICES[u.voice][0], "text": u.text,
-               "quantisation_mel_l1": codec.mel_distance(mel, cd.frames(tokens))}
+               "quantisation_mel_l1": codec.mel_distance(mel, cd.frames(tokens)), "frames": len(tokens)}
+        if generator is not None:
+            row["generated_frames"] = len(result.tokens)
+        if profiles is not None:
+            for name, sig in signals.items():
+                row[f"{name}_proxy_similarity"] = profiles.similarity(sig, u.voice)
         for name, sig in signals.items():
             if name != "original" and len(sig) > 1024:
                 # frame by frame where the timing is the original's; along the best alignment for every signal
@@ -154,8 +176,25 @@ def evaluate(corpus: Path, codec_dir: Path, n: int = 48, model: Path | None = No
                 if name != "original":
                     row[f"{name}_speaker_cos"] = float(np.dot(ref, embed(sig)))
         rows.append(row)
-    report = {"utterances": len(rows), "codebook_size": cd.num_tokens,
-              "wall_s": round(time.perf_counter() - started, 1), "mel": {}, "wer": {}, "per_engine": {}}
+    report = summarise(rows, codec_dir, wall_s=round(time.perf_counter() - started, 1))
+    if encoder is not None:
+        same = [float(np.dot(a, b)) for i, (va, a) in enumerate(originals) for vb, b in originals[i + 1:] if va == vb]
+        other = [float(np.dot(a, b)) for i, (va, a) in enumerate(originals) for vb, b in originals[i + 1:] if va != vb]
+        report["speaker_similarity"]["original_same_voice_other_sentence"] = round(statistics.mean(same), 4) if same else None
+        report["speaker_similarity"]["original_other_voice"] = round(statistics.mean(other), 4) if other else None
+    return report
+
+
+def summarise(rows: list[dict], codec_dir: Path, wall_s: float | None = None) -> dict:
+    """The report of per-utterance rows (one evaluation, or the rows of several shards merged)."""
+    from specgen.modalities.speech import codec
+
+    names = ("original", "gl_true_mel", "gl_tokens", "generated")
+    conditions = [c for c in names if c == "original" or any(f"{c}_dtw_mel_l1" in r for r in rows)]
+    recognisers = [lm for lm in ("generic_lm", "eval_unigram_lm") if any(f"original_{lm}_words" in r for r in rows)]
+    generated = "generated" in conditions
+    report = {"utterances": len(rows), "codebook_size": codec.AcousticCodec.load(codec_dir).num_tokens,
+              "wall_s": wall_s, "mel": {}, "wer": {}, "per_engine": {}}
     report["mel"]["quantisation_mel_l1"] = round(statistics.mean(r["quantisation_mel_l1"] for r in rows), 4)
     for name in conditions[1:]:
         for key in (f"{name}_mel_l1", f"{name}_dtw_mel_l1"):
@@ -172,7 +211,7 @@ def evaluate(corpus: Path, codec_dir: Path, n: int = 48, model: Path | None = No
         report["wer"][lm] = {name: pooled(rows, name, lm) for name in conditions}
         report["wer"][lm]["utterances"] = sum(f"original_{lm}_words" in r for r in rows)
         report["wer"][lm]["ci95"] = {name: wer_interval(rows, name, lm) for name in conditions}
-        if generator is not None:  # paired by utterance: what generation loses against the ceiling
+        if generated:  # paired by utterance: what generation loses against the ceiling
             report["wer"][lm]["generated_minus_gl_tokens"] = wer_interval(rows, "generated", lm, minus="gl_tokens")
     for engine in sorted({r["engine"] for r in rows}):
         subset = [r for r in rows if r["engine"] == engine]
@@ -180,13 +219,19 @@ def evaluate(corpus: Path, codec_dir: Path, n: int = 48, model: Path | None = No
             "utterances": len(subset),
             **{f"wer_{lm}": {name: pooled(subset, name, lm) for name in conditions} for lm in recognisers},
             "gl_tokens_mel_l1": round(statistics.mean(r["gl_tokens_mel_l1"] for r in subset), 4)}
-    if encoder is not None:
+    if any("original_proxy_similarity" in r for r in rows):  # mean with a bootstrap interval over utterances
+        from specgen.app.speech_frontier import bootstrap_mean_ci
+
+        report["proxy_similarity"] = {
+            name: [round(v, 4) for v in bootstrap_mean_ci([r[f"{name}_proxy_similarity"] for r in rows])]
+            for name in conditions}
+        if generated:
+            report["proxy_similarity"]["generated_minus_gl_tokens"] = [round(v, 4) for v in bootstrap_mean_ci(
+                [r["generated_proxy_similarity"] - r["gl_tokens_proxy_similarity"] for r in rows])]
+            report["length_ratio"] = round(sum(r["generated_frames"] for r in rows) / sum(r["frames"] for r in rows), 4)
+    if any("gl_tokens_speaker_cos" in r for r in rows):
         report["speaker_similarity"] = {name: round(statistics.mean(r[f"{name}_speaker_cos"] for r in rows), 4)
                                         for name in conditions[1:]}
-        same = [float(np.dot(a, b)) for i, (va, a) in enumerate(originals) for vb, b in originals[i + 1:] if va == vb]
-        other = [float(np.dot(a, b)) for i, (va, a) in enumerate(originals) for vb, b in originals[i + 1:] if va != vb]
-        report["speaker_similarity"]["original_same_voice_other_sentence"] = round(statistics.mean(same), 4) if same else None
-        report["speaker_similarity"]["original_other_voice"] = round(statistics.mean(other), 4) if other else None
     report["rows"] = rows
     return report
 
@@ -212,6 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft", type=Path, default=None, help="the draft, for --method sd / pcg / ssd")
     p.add_argument("--method", default="ar", help="how the model generates (default: ar, target-only decoding)")
     p.add_argument("--no-true-mel", action="store_true", help="skip Griffin-Lim from the true log-mel")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the generator's)")
+    p.add_argument("--top-k", type=int, default=None, help="top-k (default: the generator's)")
+    p.add_argument("--no-generic-lm", action="store_true", help="WER with the evaluation sentences' unigram LM only")
+    p.add_argument("--shard", default="0/1", help="I/K: evaluate every K-th utterance from the I-th (merge with "
+                                                  "--merge)")
+    p.add_argument("--merge", type=Path, nargs="+", default=None, help="merge shard reports (JSON) into --out")
     p.add_argument("--no-wer", action="store_true")
     p.add_argument("--out", type=Path, default=None, help="write the report (JSON) here")
     p.add_argument("--threads", type=int, default=1)
@@ -219,8 +270,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(a.threads)
-    report = evaluate(a.corpus, a.codec, a.n, a.model, a.draft, wer=not a.no_wer, true_mel=not a.no_true_mel,
-                      method=a.method, progress=True)
+    if a.merge:
+        report = summarise([r for path in a.merge for r in json.loads(path.read_text())["rows"]], a.codec)
+    else:
+        index, count = (int(x) for x in a.shard.split("/"))
+        report = evaluate(a.corpus, a.codec, a.n, a.model, a.draft, wer=not a.no_wer, true_mel=not a.no_true_mel,
+                          method=a.method, progress=True, generic_lm=not a.no_generic_lm, shard=(index, count),
+                          sampling={"temperature": a.temperature, "top_k": a.top_k})
     if a.out:
         a.out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "rows"}, indent=1))

@@ -36,6 +36,21 @@ def test_generate_speech_writes_a_wav_and_one_json_object(models, tmp_path, caps
     assert json.loads(stdout)["tokens"] == result["tokens"]
 
 
+@pytest.mark.parametrize("method", ["sd", "pcg"])
+def test_generate_speech_with_an_interleaved_model(tmp_path, capsys, method):
+    """Characters spoken again in the stream are not frames: the WAV and --json hold acoustic tokens only."""
+    target, draft, codec = save_tiny_speech_models(tmp_path / "models", num_tokens=64, layout="interleaved")
+    code, stdout, _ = run(["generate", "speech", "--text", "Hi there.", "--out", str(tmp_path / "x.wav"), "--method",
+                           method, "--temperature", "0.8", "--max-new-tokens", "40", "--json", "--model", str(target),
+                           "--draft", str(draft), "--codec", str(codec)], capsys)
+    assert code == 0
+    result = json.loads(stdout)
+    assert result["tokens"] and max(result["tokens"]) < 64
+    assert method != "pcg" or len(result["groups"]) == len(result["tokens"])
+    audio, _ = sf.read(tmp_path / "x.wav")
+    assert len(audio) > 0
+
+
 @pytest.mark.parametrize("extra, words", [
     (["--text", "tab{le}"], ["cannot read"]),
     (["--text", "hello", "--voice", "nobody"], ["unknown voice", "slt"]),

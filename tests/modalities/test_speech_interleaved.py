@@ -174,7 +174,7 @@ def test_trees_are_refused_under_a_prefix_constraint(tiny):
 def test_evaluation_reports_generated_speech_against_the_ceiling(tiny, tmp_path):
     pytest.importorskip("pocketsphinx")
     from specgen.modalities.speech import data
-    from specgen.modalities.speech.evaluate import evaluate, wer_interval
+    from specgen.modalities.speech.evaluate import evaluate, summarise, wer_interval
 
     target, draft, codec = tiny
     data.build_corpus(tmp_path, 2, voices=("slt",), progress=False)
@@ -183,6 +183,10 @@ def test_evaluation_reports_generated_speech_against_the_ceiling(tiny, tmp_path)
     assert set(generic["ci95"]) == {"original", "gl_tokens", "generated"} and "gl_true_mel" not in generic
     value, low, high = generic["generated_minus_gl_tokens"]
     assert low <= value <= high
+    rows = report["rows"]
+    assert all(r["frames"] > 0 and r["generated_frames"] > 0 for r in rows)
+    merged = summarise(rows[:1] + rows[1:], codec)  # shard reports merge from their rows
+    assert merged["wer"] == report["wer"] and merged["utterances"] == 2
     rows = [{"a_lm_edits": 1, "a_lm_words": 4, "b_lm_edits": 0, "b_lm_words": 4},
             {"a_lm_edits": 3, "a_lm_words": 4, "b_lm_edits": 1, "b_lm_words": 4}]
     assert wer_interval(rows, "a", "lm")[0] == 0.5 and wer_interval(rows, "a", "lm", minus="b")[0] == 0.375

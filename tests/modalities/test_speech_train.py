@@ -109,3 +109,13 @@ def test_aligned_corpus_trains_the_interleaved_layout(tmp_path):
     (tmp_path / "durations.npz").unlink()
     with pytest.raises(Exception, match="durations"):
         train(config(tmp_path, tmp_path / "run2", 1, layout="interleaved"))
+
+
+def test_distillation_from_a_teacher_lowers_the_kl(token_file, tmp_path):
+    torch.set_num_threads(1)
+    train(config(token_file, tmp_path / "teacher", 2, out=str(tmp_path / "teacher-export")))
+    first = train(config(token_file, tmp_path / "student", 1, teacher=str(tmp_path / "teacher-export")))
+    later = train(config(token_file, tmp_path / "student", 12, teacher=str(tmp_path / "teacher-export")))
+    assert first["teacher"] and "eval_kl" in first["eval"] and later["eval"]["eval_kl"] < first["eval"]["eval_kl"]
+    with pytest.raises(InvalidRequest, match="different settings"):  # a resume cannot switch teachers
+        train(config(token_file, tmp_path / "student", 13))
