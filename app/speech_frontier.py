@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
+from specgen.modalities.speech.quality import bootstrap_mean_ci
+
 DEFAULT_THETAS = (0.4, 0.3, 0.25, 0.2)
-BOOTSTRAP_RESAMPLES = 2000
 SWEPT_KNOBS = {"pcg": "theta", "ssd": "beta"}
 GREEK = {"theta": "θ", "beta": "β"}
 
@@ -75,21 +76,6 @@ def sweep_variants(methods: list[str], sweeps: dict[str, list[float]], defaults:
         values = sorted({float(v) for v in sweeps.get(method, ())} | {float(defaults[method])}, reverse=True)
         variants += [Variant(method, knob, v) for v in values]
     return variants
-
-
-def bootstrap_mean_ci(values, weights=None, resamples: int = BOOTSTRAP_RESAMPLES,
-                      seed: int = 0) -> tuple[float, float, float] | None:
-    """(weighted mean, 2.5 %, 97.5 %) resampling the (value, weight) pairs with replacement; None without values.
-    With weights = words per prompt and values = per-prompt WER change, the mean is the pooled WER change."""
-    data = np.asarray(values, dtype=float)
-    if data.size == 0:
-        return None
-    w = np.ones_like(data) if weights is None else np.asarray(weights, dtype=float)
-    point = float((data * w).sum() / w.sum())
-    picks = np.random.default_rng(seed).integers(0, data.size, size=(resamples, data.size))  # [resamples, n]
-    picked_w = w[picks]
-    means = (data[picks] * picked_w).sum(1) / np.maximum(picked_w.sum(1), 1e-300)
-    return point, float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
 def _by_prompt(pairs: list[tuple[str, float, float]]) -> tuple[list[float], list[float]]:

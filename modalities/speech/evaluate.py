@@ -220,7 +220,7 @@ def summarise(rows: list[dict], codec_dir: Path, wall_s: float | None = None) ->
             **{f"wer_{lm}": {name: pooled(subset, name, lm) for name in conditions} for lm in recognisers},
             "gl_tokens_mel_l1": round(statistics.mean(r["gl_tokens_mel_l1"] for r in subset), 4)}
     if any("original_proxy_similarity" in r for r in rows):  # mean with a bootstrap interval over utterances
-        from specgen.app.speech_frontier import bootstrap_mean_ci
+        from specgen.modalities.speech.quality import bootstrap_mean_ci
 
         report["proxy_similarity"] = {
             name: [round(v, 4) for v in bootstrap_mean_ci([r[f"{name}_proxy_similarity"] for r in rows])]
@@ -239,7 +239,7 @@ def summarise(rows: list[dict], codec_dir: Path, wall_s: float | None = None) ->
 def wer_interval(rows: list[dict], name: str, lm: str, minus: str | None = None) -> list[float] | None:
     """Pooled WER of condition `name` (less that of `minus` on the same utterances) with a bootstrap 95 % interval
     over utterances: [value, low, high]."""
-    from specgen.app.speech_frontier import bootstrap_mean_ci
+    from specgen.modalities.speech.quality import bootstrap_mean_ci
 
     keys = [f"{name}_{lm}_edits"] + ([f"{minus}_{lm}_edits"] if minus else [])
     used = [r for r in rows if all(k in r for k in keys) and r[f"{name}_{lm}_words"]]

@@ -30,6 +30,7 @@ from specgen.modalities.speech.codec import LOG_FLOOR, AcousticCodec, MelConfig,
 from specgen.samplers.groups import TokenGroups, swap_tokens
 
 CEPSTRA = 20  # c0..c19; c0 is dropped
+BOOTSTRAP_RESAMPLES = 2000
 SILENCE_NATS = 4.0  # frames whose mean log-mel is this far (about 35 dB) below the loudest frame are silence
 
 
@@ -176,3 +177,18 @@ def swap_test(codec: AcousticCodec, utterances: list[CorpusUtterance], groups: d
                          "mel_l1": mel_distance(original_mel, log_mel(audio, codec.cfg)),
                          **measure(audio, utterance), **base})
     return rows, decoded
+
+
+def bootstrap_mean_ci(values, weights=None, resamples: int = BOOTSTRAP_RESAMPLES,
+                      seed: int = 0) -> tuple[float, float, float] | None:
+    """(weighted mean, 2.5 %, 97.5 %) resampling the (value, weight) pairs with replacement; None without values.
+    With weights = words per prompt and values = per-prompt WER change, the mean is the pooled WER change."""
+    data = np.asarray(values, dtype=float)
+    if data.size == 0:
+        return None
+    w = np.ones_like(data) if weights is None else np.asarray(weights, dtype=float)
+    point = float((data * w).sum() / w.sum())
+    picks = np.random.default_rng(seed).integers(0, data.size, size=(resamples, data.size))  # [resamples, n]
+    picked_w = w[picks]
+    means = (data[picks] * picked_w).sum(1) / np.maximum(picked_w.sum(1), 1e-300)
+    return point, float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))

@@ -11,7 +11,8 @@ from PIL import Image
 from tiny_models import save_tiny_speech_corpus, save_tiny_speech_models
 
 from specgen.app.cli import main
-from specgen.app.speech_frontier import QualityBound, bootstrap_mean_ci, choose_theta
+from specgen.app.speech_frontier import QualityBound, choose_theta
+from specgen.modalities.speech.quality import bootstrap_mean_ci
 from specgen.modalities.speech.codec import AcousticCodec
 from specgen.modalities.speech.quality import VoiceProfiles, load_corpus, separation, swap_test
 from specgen.samplers.groups import build_groups
