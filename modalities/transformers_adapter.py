@@ -91,6 +91,9 @@ class PositionCache(Cache):
     def commit(self, kept: torch.Tensor) -> None:
         """kept: [rows, window] bool over the slots of the last forward; move them to the front in order."""
         counts = kept.sum(-1)
+        if bool(kept.all()):  # every slot kept (a draft feeding its own tokens): nothing moves
+            self.lengths[self.rows] += counts
+            return
         order = torch.argsort((~kept).int(), dim=-1, stable=True)  # kept slot indices first, in slot order
         is_prefix = bool((order == torch.arange(kept.shape[1])).all())
         if not is_prefix:  # tree acceptance: gather the accepted path (chains keep a prefix: nothing moves)
