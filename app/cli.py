@@ -374,6 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--layout", choices=("auto", "prefix", "interleaved"), default="auto",
                            help="sequence layout; auto: interleaved when the corpus has durations.npz (default)")
             p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (faster on AMX / AVX512-BF16 CPUs)")
+            p.add_argument("--teacher", type=Path, metavar="DIR",
+                           help="draft distillation: learn this target model folder's laws (forward KL)")
         if what in ("text", "draft"):
             p.add_argument("--max-files", type=_int_at_least(1), metavar="N",
                            help="train on the first N corpus files only (quick checks)")

@@ -479,6 +479,7 @@ def train_speech(args) -> int:
     if getattr(args, "tokens", None):
         argv += ["--tokens", str(args.tokens)]
     argv += ["--layout", getattr(args, "layout", "auto")] + (["--bf16"] if getattr(args, "bf16", False) else [])
+    argv += ["--teacher", str(args.teacher)] if getattr(args, "teacher", None) else []
     if args.out:
         argv += ["--run-dir", str(args.out), "--out", str(args.out / "export")]
     return int(train_main(argv) or 0)

@@ -97,16 +97,20 @@ def prefix_routes(constraint: PrefixConstraint, contexts: Sequence[torch.Tensor]
 
 
 def route_logits(logits: torch.Tensor, routes: torch.Tensor) -> torch.Tensor:
-    """Logits whose softmax moves each token's probability to routes[token] (-1: dropped). Pure masks (every token
-    routed to itself or dropped) keep the other logits bit for bit; merges sum probabilities in logit space."""
-    vocab = logits.shape[-1]
-    identity = torch.arange(vocab)
-    if bool(((routes == identity) | (routes < 0)).all()):
-        return logits.masked_fill(routes < 0, float("-inf"))
-    top = logits.max(-1, keepdim=True).values
-    kept = (logits - top).exp() * (routes >= 0)  # [..., vocab]
-    pooled = torch.zeros_like(kept).scatter_add_(-1, routes.clamp(min=0), kept)
-    return pooled.log() + top
+    """Logits whose softmax moves each token's probability to routes[token] (-1: dropped). Decided per slot: a slot
+    whose routes are a pure mask (every token to itself or dropped) keeps its other logits bit for bit, whatever the
+    other slots need, so a slot gets the same law alone and in a window; merges sum probabilities in logit space
+    (at least float32), scaled by the largest kept logit so the kept mass cannot underflow."""
+    dropped = routes < 0
+    masked = logits.masked_fill(dropped, float("-inf"))
+    pure = (routes == torch.arange(logits.shape[-1])) | dropped  # [..., vocab]
+    if bool(pure.all()):
+        return masked
+    wide = masked.to(torch.promote_types(logits.dtype, torch.float32))
+    top = wide.max(-1, keepdim=True).values  # over kept tokens only
+    kept = (wide - top).exp()  # [..., vocab], 0 where dropped
+    merged = torch.zeros_like(kept).scatter_add_(-1, routes.clamp(min=0), kept).log() + top
+    return torch.where(pure.all(-1, keepdim=True), masked.to(merged.dtype), merged)
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -301,7 +301,8 @@ def train(cfg: TrainConfig, resume: bool = True, export_only: bool = False) -> d
     state = {"step": 0, "elapsed_s": 0.0, "recent_losses": [], "eval": {}, "resumed_from": []}
     if resume and ckpt_path.exists():
         ckpt = torch.load(ckpt_path, weights_only=False)
-        if {"teacher": None, **ckpt["fixed"]} != fixed:  # checkpoints from before distillation have no teacher
+        # checkpoints from before layouts and distillation were settings lack those keys
+        if {"layout": "prefix", "teacher": None, **ckpt["fixed"]} != fixed:
             raise InvalidRequest(f"{ckpt_path} was made with different settings ({', '.join(TrainConfig.FIXED)} "
                                  "must match); use another --run-dir or --no-resume to start over")
         state = restore(ckpt, model, opt, metrics_path)

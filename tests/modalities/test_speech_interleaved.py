@@ -85,6 +85,15 @@ def test_route_logits_merges_and_masks():
                           / (1 - probs[3]))
     masked = route_logits(logits, torch.tensor([[0, -1, 2, 3]]))  # a pure mask keeps the other logits' bits
     assert torch.equal(masked[0, [0, 2, 3]], logits[0, [0, 2, 3]]) and masked[0, 1] == float("-inf")
+    # decided per slot: a masked slot next to a merging one gets the bits it gets alone (window invariance)
+    window = torch.randn(2, 4, dtype=torch.float32)
+    routes = torch.tensor([[0, -1, 2, 3], [0, 1, 1, -1]])
+    together = route_logits(window, routes)
+    assert torch.equal(together[0], route_logits(window[:1], routes[:1])[0])
+    assert torch.equal(together[1], route_logits(window[1:], routes[1:])[0])
+    # a dropped token far above the kept ones cannot underflow the kept mass
+    far = route_logits(torch.tensor([[500.0, 0.0, 1.0, 2.0]]), torch.tensor([[-1, 1, 1, 3]]))
+    assert torch.isfinite(far[0, [1, 3]]).all() and not far.softmax(-1).isnan().any()
 
 
 def _spoken_text(vocab, tokens):

@@ -78,6 +78,12 @@ def test_train_speech_command_runs_two_steps_then_resumes(tmp_path, capsys):
     assert main([*argv, "--steps", "3"]) == 0
     summary = json.loads((tmp_path / "run" / "training.json").read_text())
     assert summary["steps"] == 3 and summary["resumed_from_steps"] == [2] and summary["params"] == 677_760
+    assert summary["layout"] == "interleaved"  # auto: the shipped corpus has durations
+    distilled = ["--threads", "1", "train", "speech", "--role", "draft", "--tokens", str(SHIPPED / "corpus"),
+                 "--out", str(tmp_path / "kd"), "--teacher", str(SHIPPED / "target"), "--steps", "1"]
+    assert main(distilled) == 0
+    summary = json.loads((tmp_path / "kd" / "training.json").read_text())
+    assert summary["teacher"] == str(SHIPPED / "target") and "eval_kl" in summary["eval"]
     assert (tmp_path / "run" / "export" / "model.safetensors").exists()
     capsys.readouterr()
 
