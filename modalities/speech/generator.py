@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Iterator
 
@@ -67,26 +68,38 @@ class SpokenInOrder:
 
     def routes(self, context: torch.Tensor, continuation) -> torch.Tensor:
         v = self.vocab
-        context = torch.as_tensor(context)
-        boa = int((context == v.boa).nonzero()[0, 0])
-        text = context[2:boa].tolist()  # [BOS, voice, characters..., BOA]
-        spoken = int((context[boa + 1:] >= v.char_base).sum())
-        last = int(context[-1])
-        routes = torch.full((len(continuation) + 1, v.vocab_size), -1, dtype=torch.long)
-        frames = torch.arange(v.num_tokens)
+        ids = torch.as_tensor(context).tolist()
+        boa = ids.index(v.boa)
+        text = ids[2:boa]  # [BOS, voice, characters..., BOA]
+        spoken = sum(t >= v.char_base for t in ids[boa + 1:])
+        last = ids[-1]
+        rows = []
         for i in range(len(continuation) + 1):
             if last == v.boa:
-                routes[i] = text[0]  # the first character is certain
-            else:
-                routes[i, :v.num_tokens] = frames
-                if last < v.char_base:  # after a frame: staying or moving on
-                    onward = text[spoken] if spoken < len(text) else v.eos
-                    routes[i, v.char_base:] = onward
-                    routes[i, v.eos] = onward
+                rows.append(torch.full((v.vocab_size,), text[0]))  # the first character is certain
+            elif last >= v.char_base:
+                rows.append(self._frames)
+            else:  # after a frame: staying, or moving on to the next character (EOS after the last)
+                rows.append(self._frames.masked_fill(self._onward, text[spoken] if spoken < len(text) else v.eos))
             if i < len(continuation):
                 last = int(continuation[i])
                 spoken += last >= v.char_base
+        return torch.stack(rows)
+
+    @cached_property
+    def _frames(self) -> torch.Tensor:
+        """[vocab] every frame to itself, everything else masked."""
+        routes = torch.full((self.vocab.vocab_size,), -1)
+        routes[:self.vocab.num_tokens] = torch.arange(self.vocab.num_tokens)
         return routes
+
+    @cached_property
+    def _onward(self) -> torch.Tensor:
+        """[vocab] bool: the tokens that mean moving on (every character, and EOS)."""
+        onward = torch.zeros(self.vocab.vocab_size, dtype=torch.bool)
+        onward[self.vocab.char_base:] = True
+        onward[self.vocab.eos] = True
+        return onward
 
 
 @dataclass(frozen=True)
