@@ -72,7 +72,7 @@ def generate_speech(args) -> int:
     summary = stats.summary(method=method, lossless=spec.lossless, wall_s=wall_s,
                             ar_step_s=generator.measure_step_s(args.text, voice))
     # the acoustic tokens: EOS and (interleaved layout) the characters spoken again are not frames
-    groups = [g for t, g in zip(tokens, groups) if t < generator.vocab.num_tokens]
+    groups = generator.vocab.acoustic_tags(tokens, groups)
     tokens = generator.vocab.acoustic(tokens)
     summary["audio_s"] = len(tokens) / generator.codec.cfg.frame_rate
     write_wav(args.out, generator.decode(tokens), generator.sample_rate)
@@ -292,7 +292,7 @@ class _QualityScorer:
         from specgen.errors import InvalidRequest
         from specgen.modalities.speech.evaluate import Recogniser
         from specgen.modalities.speech.models import default_paths
-        from specgen.modalities.speech.quality import VoiceProfiles, first_per_voice, load_corpus, split_corpus
+        from specgen.modalities.speech.quality import VoiceProfiles, decoded_references, load_corpus, split_corpus
         from specgen.modalities.speech.train import VAL_UTTERANCES
 
         corpus = Path(corpus or default_paths()["codec"].parent / "corpus")
@@ -304,9 +304,7 @@ class _QualityScorer:
             raise InvalidRequest(f"the corpus {corpus} has no utterances of voice(s) {', '.join(missing)}")
         recogniser = Recogniser([p["text"] for p in prompts] + [u.text for u in held_out])
         swap_set = [u for u in held_out if recogniser.covers(u.text)][:swap_utterances]  # words pocketsphinx knows
-        references: dict[str, list] = {}
-        for u in first_per_voice(training, reference_per_voice):
-            references.setdefault(u.voice, []).append(generator.decode(u.tokens.tolist()))
+        references = decoded_references(generator.codec, training, reference_per_voice)
         return cls(recogniser, VoiceProfiles.fit(references, generator.codec.cfg), swap_set, corpus,
                    {v: len(a) for v, a in references.items()})
 

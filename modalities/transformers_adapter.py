@@ -91,12 +91,10 @@ class PositionCache(Cache):
     def commit(self, kept: torch.Tensor) -> None:
         """kept: [rows, window] bool over the slots of the last forward; move them to the front in order."""
         counts = kept.sum(-1)
-        if bool(kept.all()):  # every slot kept (a draft feeding its own tokens): nothing moves
-            self.lengths[self.rows] += counts
-            return
-        order = torch.argsort((~kept).int(), dim=-1, stable=True)  # kept slot indices first, in slot order
-        is_prefix = bool((order == torch.arange(kept.shape[1])).all())
-        if not is_prefix:  # tree acceptance: gather the accepted path (chains keep a prefix: nothing moves)
+        # kept slots form a prefix of every row (chains, and a draft feeding its own tokens): nothing moves
+        is_prefix = bool((kept[:, 1:] <= kept[:, :-1]).all())
+        if not is_prefix:  # tree acceptance: gather the accepted path, kept slot indices first in slot order
+            order = torch.argsort((~kept).int(), dim=-1, stable=True)
             base = self.lengths[self.rows][:, None]
             src, dst = base + order, base + torch.arange(kept.shape[1])
             valid = torch.arange(kept.shape[1]) < counts[:, None]

@@ -14,7 +14,8 @@ without any outside model, by Viterbi training on the corpus' own frames (the fr
     python -m specgen.modalities.speech.align --tokens assets/speech/corpus
 
 writes `durations.npz` beside `tokens.npz`: per utterance, its characters' frame counts (concatenated uint8, with
-each utterance's character count; they sum to the utterance's frame count). Held-out utterances are aligned but never fitted on.
+each utterance's character count; they sum to the utterance's frame count). Held-out utterances are aligned but
+never fitted on.
 """
 
 from __future__ import annotations
@@ -152,7 +153,8 @@ def align_corpus(tokens_dir: Path, codec_dir: Path, *, held_out: int, gaussian_r
     atomic_write(Path(tokens_dir) / "durations.npz", write)
     (Path(tokens_dir) / "durations.npz").chmod(0o644)
     return {"utterances": len(utts), "fitted_on": fit, "rounds": history, "seed": seed,
-            "mean_frames_per_char": round(float(counts.mean()), 2), "one_frame_chars": round(float((counts == 1).mean()), 3),
+            "mean_frames_per_char": round(float(counts.mean()), 2),
+            "one_frame_chars": round(float((counts == 1).mean()), 3),
             "seconds": round(time.perf_counter() - started, 1)}
 
 

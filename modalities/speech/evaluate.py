@@ -106,7 +106,6 @@ def evaluate(corpus: Path, codec_dir: Path, n: int = 48, model: Path | None = No
         from specgen.modalities.speech.generator import SpeechGenerator
 
         generator = SpeechGenerator(model, draft, codec_dir)
-    conditions = ["original"] + (["gl_true_mel"] if true_mel else []) + ["gl_tokens"] + (["generated"] if generator else [])
     recognisers = {}
     if wer:
         try:
@@ -128,7 +127,7 @@ def evaluate(corpus: Path, codec_dir: Path, n: int = 48, model: Path | None = No
     if wer:  # the speaker-similarity proxy of `quality.py`: voice profiles from the shipped corpus' training part
         from specgen.errors import ModelNotFound
         from specgen.modalities.speech.models import default_paths
-        from specgen.modalities.speech.quality import VoiceProfiles, first_per_voice, load_corpus, split_corpus
+        from specgen.modalities.speech.quality import VoiceProfiles, decoded_references, load_corpus, split_corpus
         from specgen.modalities.speech.train import VAL_UTTERANCES
 
         try:
@@ -137,10 +136,7 @@ def evaluate(corpus: Path, codec_dir: Path, n: int = 48, model: Path | None = No
             training = []
         # only with the codebook that corpus was encoded with (another one of the same size would mislead)
         if training and Path(codec_dir).resolve() == default_paths()["codec"].resolve():
-            references: dict[str, list] = {}
-            for ref in first_per_voice(training, 8):
-                references.setdefault(ref.voice, []).append(cd.decode(ref.tokens.tolist()))
-            profiles = VoiceProfiles.fit(references, cd.cfg)
+            profiles = VoiceProfiles.fit(decoded_references(cd, training, 8), cd.cfg)
 
     def embed(sig):
         return encoder.embed_utterance(preprocess_wav(sig, source_sr=16000))
@@ -185,8 +181,9 @@ def evaluate(corpus: Path, codec_dir: Path, n: int = 48, model: Path | None = No
     if encoder is not None:
         same = [float(np.dot(a, b)) for i, (va, a) in enumerate(originals) for vb, b in originals[i + 1:] if va == vb]
         other = [float(np.dot(a, b)) for i, (va, a) in enumerate(originals) for vb, b in originals[i + 1:] if va != vb]
-        report["speaker_similarity"]["original_same_voice_other_sentence"] = round(statistics.mean(same), 4) if same else None
-        report["speaker_similarity"]["original_other_voice"] = round(statistics.mean(other), 4) if other else None
+        similarity = report["speaker_similarity"]
+        similarity["original_same_voice_other_sentence"] = round(statistics.mean(same), 4) if same else None
+        similarity["original_other_voice"] = round(statistics.mean(other), 4) if other else None
     return report
 
 

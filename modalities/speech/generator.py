@@ -2,11 +2,12 @@
 
 A request is a sentence and a voice; the prompt is [BOS, voice, characters, BOA] and generation runs until EOS
 or `max_new_tokens` tokens. One `Processing` (temperature, top-k, top-p, and what may come next: acoustic tokens
-and EOS, or for an interleaved model `SpokenInOrder`) serves plain decoding, verification and the draft alike. Methods come from the registry: `ar` (plain decoding),
-`sd` (a small draft model proposes chains; exact rejection sampling, greedy matching at temperature 0) and two
-relaxed verifications of the same chains, lossy by design: `ssd` (a tolerance beta on every acceptance) and `pcg`
-(rejection sampling on groups of similar acoustic tokens, exact in groups; the groups are built from the target's
-embeddings once per theta and cached, see `specgen.modalities.speech.groups`).
+and EOS, or for an interleaved model `SpokenInOrder`) serves plain decoding, verification and the draft alike.
+Methods come from the registry: `ar` (plain decoding), `sd` (a small draft model proposes chains; exact rejection
+sampling, greedy matching at temperature 0) and two relaxed verifications of the same chains, lossy by design:
+`ssd` (a tolerance beta on every acceptance) and `pcg` (rejection sampling on groups of similar acoustic tokens,
+exact in groups; the groups are built from the target's embeddings once per theta and cached, see
+`specgen.modalities.speech.groups`).
 Without arguments it loads the models shipped in `assets/speech/`.
 """
 
@@ -224,8 +225,8 @@ class SpeechGenerator:
         wall_s = time.perf_counter() - started
         summary = stats.summary(method=method, lossless=get_method("speech", method).lossless, wall_s=wall_s,
                                 ar_step_s=ar_step_s)
-        acoustic = self.vocab.num_tokens  # characters (interleaved layout) and EOS are not frames
-        groups = [[g for t, g in zip(row, tags) if t < acoustic] if tags else None for row, tags in zip(tokens, groups)]
+        # characters (interleaved layout) and EOS are not frames
+        groups = [self.vocab.acoustic_tags(row, tags) if tags else None for row, tags in zip(tokens, groups)]
         tokens = [self.vocab.acoustic(row) for row in tokens]
         summary["audio_s"] = len(tokens[0]) / self.codec.cfg.frame_rate if decode else None
         audios = [self.decode(t) if decode else np.zeros(0, np.float32) for t in tokens]

@@ -7,8 +7,9 @@ Two sequence layouts (`SpeechVocab.layout`):
   sees which character it is saying. While generating, `SpokenInOrder` allows only the text's next character
   (or a frame, or EOS after the last character's frames), so the model chooses *when* to move on, never *where*.
 Acoustic tokens keep their codebook ids (0 .. num_tokens-1); the special tokens, the voice tokens and the
-characters follow them. The loss is taken on everything after BOA. Shipped models live in `assets/speech/{codec,target,draft}` (`SPECGEN_ASSETS`
-overrides the assets folder as it does for text and image); each model folder carries its `vocab.json`.
+characters follow them. The loss is taken on everything after BOA. Shipped models live in
+`assets/speech/{codec,target,draft}` (`SPECGEN_ASSETS` overrides the assets folder as it does for text and image);
+each model folder carries its `vocab.json`.
 """
 
 from __future__ import annotations
@@ -116,6 +117,10 @@ class SpeechVocab:
     def acoustic(self, tokens) -> list[int]:
         """The acoustic tokens of a generated sequence (characters and EOS dropped)."""
         return [int(t) for t in tokens if int(t) < self.num_tokens]
+
+    def acoustic_tags(self, tokens, tags) -> list:
+        """Per-token tags (pcg's groups) of the acoustic tokens only, aligned with `acoustic(tokens)`."""
+        return [tag for t, tag in zip(tokens, tags) if int(t) < self.num_tokens]
 
     def to_dict(self) -> dict:
         return {"num_tokens": self.num_tokens, "voices": list(self.voices), "chars": self.chars,

@@ -99,6 +99,15 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / norm) if norm > 0 else 0.0
 
 
+def decoded_references(codec: AcousticCodec, utterances: list[CorpusUtterance], per_voice: int) -> dict[str, list]:
+    """voice -> the audio of its first `per_voice` utterances decoded through `codec` (the profiles' references:
+    decoded through the same codec as what they will score)."""
+    references: dict[str, list] = {}
+    for u in first_per_voice(utterances, per_voice):
+        references.setdefault(u.voice, []).append(codec.decode(u.tokens.tolist()))
+    return references
+
+
 @dataclass(frozen=True)
 class VoiceProfiles:
     """Standardisation of `voice_statistics` and one profile per voice (module docstring)."""

@@ -358,7 +358,8 @@ def train(cfg: TrainConfig, resume: bool = True, export_only: bool = False) -> d
     summary = {
         "role": cfg.role, "params": sum(p.numel() for p in model.parameters()), "command": cfg.command(),
         "seed": cfg.seed, "steps": state["step"], "planned_steps": cfg.steps, "batch_size": cfg.batch_size,
-        "lr": cfg.lr, "warmup": cfg.warmup, "layout": cfg.layout, "bf16_autocast": cfg.bf16, "teacher": cfg.teacher, "schedule": "linear warmup, cosine to 10 % of the planned steps",
+        "lr": cfg.lr, "warmup": cfg.warmup, "layout": cfg.layout, "bf16_autocast": cfg.bf16, "teacher": cfg.teacher,
+        "schedule": "linear warmup, cosine to 10 % of the planned steps",
         "final_train_loss": (round(sum(state["recent_losses"]) / len(state["recent_losses"]), 4)
                              if state["recent_losses"] else None),
         "eval": state["eval"], "wall_s": round(state["elapsed_s"], 1), "resumed_from_steps": state["resumed_from"],
