@@ -29,7 +29,6 @@ def _decode(generator, prompts, drafter, policy, *, max_new_tokens: int, tempera
             steps: int = 0) -> dict:
     """One batch, every row to max_new_tokens (stop tokens ignored so every run does the same work); with
     `steps` > 0, only that many verification steps (rows never run out: a server that always has work)."""
-    from specgen.modalities.transformers_adapter import TransformersTarget
     from specgen.samplers.acceptance import make_rule
     from specgen.samplers.loop import speculative_generate
     from specgen.samplers.processing import Processing
@@ -41,7 +40,7 @@ def _decode(generator, prompts, drafter, policy, *, max_new_tokens: int, tempera
     stats = SpecStats()
     tokens: list[list[int]] = [[] for _ in prompts]
     started = time.perf_counter()
-    for event in speculative_generate(TransformersTarget(generator.model, capacity), drafter,
+    for event in speculative_generate(generator.target(capacity), drafter,
                                       make_rule("chain", processing), prompt_ids, processing=processing,
                                       max_new_tokens=max_new_tokens, policy=policy, seed=seed, stats=stats):
         if steps and event.step >= steps:

@@ -1,21 +1,24 @@
-"""A float32 Llama forward of a few new slots per row in one compiled call: a draft's decoding step.
+"""A float32 Llama forward of new slots per row in one compiled call: a text target's every forward, a draft's step.
 
 A draft model (or an EAGLE-style head) decodes one token per row per forward, and at that size a forward is
 almost all per-op overhead: about 45 small torch calls per layer, ~0.3 ms for one layer of width 256 on one
 CPU thread. This kernel runs the whole stack for n new slots per row (RMSNorm, fused q/k/v, rotary, the KV
 writes at each row's next slots, attention over the row's cache and the window slots it sees: causal, or a
 tree's ancestors, the output projection, SwiGLU, residuals, final norm) in plain loops over the same weights,
-with no torch call in between, and the output layer row by row (`linear_rows`).
+with no torch call in between, and the output layer the same way (`linear_rows`).
 
-Every multiply-add is an explicit FMA in one fixed order, and four rows share each weight load with the same
-per-row arithmetic, so a token gets the same bits alone, in a window, in a tree or in a batch. Against the torch
-path (`LlamaRunner.forward_hidden(kernel=False)`, its twin in the tests) results agree to float32 rounding. Only
-drafts opt in (`LlamaRunner.decode_kernel`): a draft's law is whatever its forward computed and verification
-reads that same law, so exactness never depends on the draft's bits. Targets keep the torch path because these
-loops lose to MKL and SDPA on wide windows (docs/text.md). Forwards of more than MAX_SLOTS new slots stay on the
-torch path too. Float32 and CPU only; it builds on first use beside the other CPU kernels (same compiler
-requirements), and where it cannot build the runner keeps the torch path (`SPECGEN_DECODE_KERNEL=off` turns it
-off).
+The matrix products are tiled: up to 4 rows against 4 weight rows (2 without AVX-512) per pass, each weight tile
+read from memory once per forward while every row group passes over it, the tile 8 ahead prefetched. Every
+(row, output) pair is one FMA chain in a fixed order with a fixed lane reduction, whatever else is in the call,
+so a token gets the same bits alone, in a window, in a tree or in a batch. That is what a target needs (its
+verified window must score each token as plain decoding does), and the tiling keeps wide windows cheap: on the
+shipped code target (1 thread, benchmarks/decode-step-latest.md) one slot takes 5.1 ms against 7.9 with torch,
+13 slots 10.5 ms against 14.3, while a 600-token prefill is 1.24x slower than MKL's. Against the torch path
+(`LlamaRunner.forward_hidden(kernel=False)`, its twin in the tests) results agree to float32 rounding. Text
+targets (`TextGenerator.target`) and drafts opt in (`LlamaRunner.decode_kernel`); the image and video targets
+keep their own serving. Forwards of more than MAX_SLOTS new slots stay on the torch path. Float32 and CPU only;
+it builds on first use beside the other CPU kernels (same compiler requirements), and where it cannot build the
+runner keeps the torch path (`SPECGEN_DECODE_KERNEL=off` turns it off).
 """
 
 from __future__ import annotations
@@ -68,19 +71,86 @@ static inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-// out[r, o] = W[o] . x[r]: each weight row is read once, four input rows at a time
+// out[r, o] = W[o] . x[r], tiled: up to 4 input rows x OUT_TILE weight rows per pass, every (row, output) pair
+// one 16-lane FMA chain over the inputs (a zero-padded last block), reduced by one fixed shuffle tree. A tile's
+// size changes only which pairs run side by side, never a pair's arithmetic, so a row gets the same bits alone
+// as in any batch. The weight tile stays in L1 while every row group passes over it.
+typedef float v16 __attribute__((vector_size(64)));
+typedef int v16i __attribute__((vector_size(64)));
+#ifdef __AVX512F__
+constexpr int OUT_TILE = 4;  // 16 accumulators + 4 weight blocks fit the 32 vector registers
+#else
+constexpr int OUT_TILE = 2;  // AVX2 holds a v16 in two registers
+#endif
+
+static const int64_t PREFETCH_TILES = 8;
+
+static inline v16 load16(const float* p, int64_t left) {  // 16 floats, or the `left` < 16 remaining then zeros
+  v16 v = {0};
+  if (left >= 16) __builtin_memcpy(&v, p, 64);
+  else __builtin_memcpy(&v, p, left * sizeof(float));
+  return v;
+}
+
+// lanes 4k..4k+3 of the result hold four partial sums of acc[k] (missing accumulators count as zero)
+static inline v16 fold4(const v16* acc, int count) {
+  const v16i lo1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  const v16i hi1 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+  const v16i lo2 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+  const v16i hi2 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+  v16 a[4];
+  for (int k = 0; k < 4; ++k) a[k] = k < count ? acc[k] : (v16){0};
+  const v16 c0 = __builtin_shuffle(a[0], a[1], lo1) + __builtin_shuffle(a[0], a[1], hi1);
+  const v16 c1 = __builtin_shuffle(a[2], a[3], lo1) + __builtin_shuffle(a[2], a[3], hi1);
+  return __builtin_shuffle(c0, c1, lo2) + __builtin_shuffle(c0, c1, hi2);
+}
+
+template <int R>
+static inline void tile(const float* w, int64_t outs_here, const float* const* x, int64_t n, float* out,
+                        int64_t out_stride, const float* ahead) {
+  v16 acc[R][OUT_TILE];
+  for (int r = 0; r < R; ++r)
+    for (int k = 0; k < OUT_TILE; ++k) acc[r][k] = (v16){0};
+  auto block = [&](int64_t i, int64_t left) {  // inputs i .. i + 15 (the last block: `left` of them)
+    v16 wk[OUT_TILE];
+    for (int k = 0; k < OUT_TILE; ++k) wk[k] = k < outs_here ? load16(w + k * n + i, left) : (v16){0};
+    if (ahead) for (int k = 0; k < OUT_TILE; ++k) _mm_prefetch((const char*)(ahead + k * n + i), _MM_HINT_T0);
+    for (int r = 0; r < R; ++r) {
+      const v16 xr = load16(x[r] + i, left);
+      for (int k = 0; k < OUT_TILE; ++k) acc[r][k] += wk[k] * xr;
+    }
+  };
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) block(i, 16);
+  if (i < n) block(i, n - i);
+  for (int r = 0; r < R; ++r)
+    for (int k0 = 0; k0 < outs_here; k0 += 4) {
+      float l[16];
+      const v16 folded = fold4(acc[r] + k0, OUT_TILE - k0 < 4 ? OUT_TILE - k0 : 4);
+      __builtin_memcpy(l, &folded, sizeof(l));
+      for (int k = k0; k < outs_here && k < k0 + 4; ++k) {
+        const float* p = l + 4 * (k - k0);
+        out[r * out_stride + k] = (p[0] + p[1]) + (p[2] + p[3]);
+      }
+    }
+}
+
 static void matvec(const float* w, const float* x, float* out, int64_t rows, int64_t outs, int64_t ins) {
   std::vector<const float*> xs(rows);
   for (int64_t r = 0; r < rows; ++r) xs[r] = x + r * ins;
-  float four[4];
-  for (int64_t o = 0; o < outs; ++o) {
+  for (int64_t o = 0; o < outs; o += OUT_TILE) {
+    const int64_t here = outs - o < OUT_TILE ? outs - o : OUT_TILE;
     const float* wo = w + o * ins;
+    // the weights stream from memory once per forward: the first row group's pass over a tile also asks for the
+    // tile PREFETCH_TILES ahead, a line per weight row and block, spread over the pass (speed only)
+    const float* ahead = o + (PREFETCH_TILES + 1) * OUT_TILE <= outs ? wo + PREFETCH_TILES * OUT_TILE * ins : nullptr;
     int64_t r = 0;
-    for (; r + 4 <= rows; r += 4) {
-      dots<4>(wo, xs.data() + r, ins, four);
-      for (int g = 0; g < 4; ++g) out[(r + g) * outs + o] = four[g];
+    for (; r + 4 <= rows; r += 4, ahead = nullptr) tile<4>(wo, here, xs.data() + r, ins, out + r * outs + o, outs, ahead);
+    switch (rows - r) {
+      case 3: tile<3>(wo, here, xs.data() + r, ins, out + r * outs + o, outs, ahead); break;
+      case 2: tile<2>(wo, here, xs.data() + r, ins, out + r * outs + o, outs, ahead); break;
+      case 1: tile<1>(wo, here, xs.data() + r, ins, out + r * outs + o, outs, ahead); break;
     }
-    for (; r < rows; ++r) out[r * outs + o] = dot(wo, xs[r], ins);
   }
 }
 
@@ -235,9 +305,9 @@ def available() -> bool:
     return load() is not None
 
 
-# Past this many new slots in one forward (a prompt's prefill) MKL's blocked matmuls, on every thread, beat these
-# single-threaded loops: the torch path takes it (drafts only; nothing there needs the kernel's bits).
-MAX_SLOTS = 64
+# Past this many new slots in one forward the torch path takes it: the kernel keeps every token's attended slots
+# in a list (quadratic memory in the slots), and a text model's context is at most this long anyway.
+MAX_SLOTS = 1024
 
 
 def usable(runner, dtype: torch.dtype, attention_mask, slots: int = 1) -> bool:

@@ -227,7 +227,7 @@ def acceptance_by_rank(target_model, draft_model, prompts: Sequence[torch.Tensor
 
     capacity = getattr(target_model.config, "max_position_embeddings", 2048)
     for prompt in prompts:
-        target = TransformersTarget(target_model, capacity + width + 1)
+        target = TransformersTarget(target_model, capacity + width + 1, decode_kernel=True)  # as text serves it
         for _ in speculative_generate(target, drafter, Recording(drafter.siblings), [prompt], processing=processing,
                                       max_new_tokens=max_new_tokens, policy=FixedLength(1), seed=seed):
             pass

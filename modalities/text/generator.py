@@ -196,7 +196,7 @@ class TextGenerator:
 
             rule = GreedyTreeMatch()
         run = speculative_generate(
-            TransformersTarget(self.model, capacity + getattr(drafter, "max_nodes", 0)), drafter, rule,
+            self.target(capacity + getattr(drafter, "max_nodes", 0)), drafter, rule,
             [prompt_ids] * num_samples,
             processing=processing, max_new_tokens=max_new_tokens, policy=policy, seed=seed,
             stop_tokens=() if eos is None else (eos,), stats=stats)
@@ -248,7 +248,13 @@ class TextGenerator:
 
     def measure_step_s(self, prompt: str, repeats: int = 3) -> float:
         """Median time of one plain decoding step (one token scored after the prompt): T_ar for the cost model."""
-        return measure_window_s(TransformersTarget(self.model), self.encode(prompt), 1, repeats)
+        return measure_window_s(self.target(), self.encode(prompt), 1, repeats)
+
+    def target(self, capacity: int | None = None) -> TransformersTarget:
+        """The engine that serves this model as a target. A float32 Llama runs every forward through the compiled
+        step (`kernels.decode_step`): a token's logits are the same bits alone, in a verified window, in a tree
+        or in a batch, and one-token steps skip torch's per-op overhead. Other models keep their own runner."""
+        return TransformersTarget(self.model, capacity, decode_kernel=True)
 
     def _drafter(self, kind: str | None, knobs: dict, processing: Processing, policy=None):
         if kind is None:

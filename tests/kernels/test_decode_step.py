@@ -70,14 +70,14 @@ def test_rows_at_different_lengths_each_write_and_read_their_own_slots(window):
         assert torch.allclose(fast.keys[1][row, :, :length], slow.keys[1][row, :, :length], atol=2e-5)
 
 
-def test_only_float32_drafts_that_opt_in_use_it():
+def test_only_float32_runners_that_opt_in_use_it():
     model = _model(2, 1)
     plain = TransformersTarget(model, capacity=64)
-    assert not decode_step.usable(plain.runner, torch.float32, None)  # a target keeps its torch path
+    assert not decode_step.usable(plain.runner, torch.float32, None)  # an engine that did not opt in
     draft = TransformersTarget(model, capacity=64, decode_kernel=True)
     assert decode_step.usable(draft.runner, torch.float32, None)
     assert not decode_step.usable(draft.runner, torch.float32, torch.zeros(1, 1, 1, 1))  # an explicit mask
-    assert not decode_step.usable(draft.runner, torch.float32, None, decode_step.MAX_SLOTS + 1)  # a prompt's prefill
+    assert not decode_step.usable(draft.runner, torch.float32, None, decode_step.MAX_SLOTS + 1)  # past the cap
     assert not decode_step.usable(TransformersTarget(_model(2, 1, torch.float64), capacity=64,
                                                      decode_kernel=True).runner, torch.float64, None)
 
@@ -132,3 +132,43 @@ def test_tree_windows_match_the_torch_mask_path_and_rows_linear_is_row_invariant
     together = decode_step.linear_rows(x, weight)
     assert torch.allclose(together, x @ weight.T, atol=1e-4)
     assert all(torch.equal(decode_step.linear_rows(x[i:i + 1], weight)[0], together[i]) for i in range(7))
+
+
+@pytest.mark.parametrize("ins", [16, 130, 384])
+def test_tiled_rows_product_gives_each_row_its_own_bits_at_every_row_count(ins):
+    """Row groups of 4, 3, 2 and 1 against output tiles with a remainder (37 outputs) and an input tail (130):
+    each row equals itself alone, for every row count up to 13 (a verified chain of 12 drafts)."""
+    generator = torch.Generator().manual_seed(ins)
+    x, weight = torch.randn(13, ins, generator=generator), torch.randn(37, ins, generator=generator)
+    alone = torch.stack([decode_step.linear_rows(x[i:i + 1], weight)[0] for i in range(13)])
+    assert torch.allclose(alone, x @ weight.T, atol=1e-4)
+    for rows in range(2, 14):
+        assert torch.equal(decode_step.linear_rows(x[:rows], weight), alone[:rows]), rows
+
+
+def test_text_targets_score_a_window_as_single_steps_bit_for_bit(tmp_path):
+    """A text target serves every forward through the kernel: after a prompt longer than a draft's old cap
+    (64 slots), a verified window of 13 gets the logits 13 plain steps get, and a second batch row changes none."""
+    from specgen.modalities.text.generator import TextGenerator
+    from tests.tiny_models import save_tiny_pair
+
+    generator = TextGenerator(*save_tiny_pair(tmp_path))
+    target = generator.target(256)
+    assert target.runner.decode_kernel
+    vocab = generator.model.config.vocab_size
+    prompt = torch.randint(0, vocab, (90,), generator=torch.Generator().manual_seed(1))
+    window = torch.randint(0, vocab, (13,), generator=torch.Generator().manual_seed(2))
+    target.prefill([prompt])
+    scored = target.score(window[None], (90 + torch.arange(13))[None], torch.tensor([0]))[0]
+    singles = generator.target(256)
+    singles.prefill([prompt])
+    for j, token in enumerate(window.tolist()):
+        logits = singles.score(torch.tensor([[token]]), torch.tensor([[90 + j]]), torch.tensor([0]))[0, 0]
+        assert torch.equal(logits, scored[j]), j
+        singles.commit(torch.ones(1, 1, dtype=torch.bool), torch.tensor([0]))
+    other = torch.randint(0, vocab, (40,), generator=torch.Generator().manual_seed(3))
+    batch = generator.target(256)
+    batch.prefill([other, prompt])
+    both = batch.score(torch.stack([window, window]), torch.stack([40 + torch.arange(13), 90 + torch.arange(13)]),
+                       torch.tensor([0, 1]))
+    assert torch.equal(both[1], scored)
