@@ -74,7 +74,7 @@ class LlamaRunner:
         kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
         if self.head is not None:
             return self.head(kept)
-        if decode_step.usable(self, kept.dtype, attention_mask, kept.shape[0] * kept.shape[1]):  # row by row too
+        if decode_step.usable(self, kept.dtype, attention_mask, kept.shape[0] * kept.shape[1]):  # the same tiled products
             return decode_step.linear_rows(kept, self.lm_head)
         return self._linear(kept, self.lm_head)
 

@@ -59,9 +59,11 @@ def default_method(model: str | None, draft: str | None) -> str:
     return "draft"
 
 
-# The shipped code pair's draft lengths: the cost model's choices from its measured T_verify(n) and T_draft, each
-# within 2 % of the fastest fixed length of a sweep (benchmarks/draft-length-code.md). Verifying 13 tokens costs
-# this small target under twice a plain step, so long drafts pay; Gemma's output layer makes them cost more there.
+# The shipped code pair's draft lengths: the cost model's choices from its measured T_verify(n) and T_draft when
+# the target ran through torch (benchmarks/draft-length-code.md). Through the compiled step it picks 8 for all
+# three, with 8, 12 and 16 within run-to-run noise of each other (benchmarks/draft-length-code-20261202T15*.md).
+# Verifying 13 tokens costs this small target about twice a plain step, so long drafts pay; Gemma's output layer
+# makes them cost more there.
 CODE_DRAFT_LENGTHS = {"ngram": 12, "draft": 8, "draft-lookup": 8}
 
 
