@@ -6,7 +6,7 @@ followed it and where it last did. A drafted token is the most frequent follower
 that occurred before (n = max_matching_ngram_size down to the minimum; ties go to the latest occurrence, the
 one code and edited text repeat), and each next slot looks up again with the drafted token appended, so a draft
 follows the branch the context supports most instead of one earlier occurrence's continuation. Hugging Face's
-prompt lookup copies the earliest occurrence's continuation instead (`benchmarks/ngram-lookup.md` compares them).
+prompt lookup copies the earliest occurrence's continuation instead (docs/text.md compares them).
 
 The proposal is a function of the context alone, a point mass (no draft probabilities): verification accepts a
 token with the target's own probability of it and recovers from the target with that token zeroed, so sampling
