@@ -34,40 +34,20 @@ SOURCE = r"""
 #include <cstring>
 #include <vector>
 
-// G rows' dot products with one weight row: per row two 8-lane FMA chains over 16-wide blocks, a last 8-wide
-// block into the first chain, one fixed lane sum, then a scalar FMA tail. Every FMA is explicit, so a row gets
-// the same bits in a group of 4 as alone: a token's result never depends on what else is in the call.
-template <int G>
-static inline void dots(const float* w, const float* const* x, int64_t n, float* out) {
-  __m256 a0[G], a1[G];
-  for (int g = 0; g < G; ++g) {
-    a0[g] = _mm256_setzero_ps();
-    a1[g] = _mm256_setzero_ps();
-  }
+// One dot product (a norm's sum of squares, an attention score): two 8-lane FMA chains over 16-wide blocks, a last
+// 8-wide block into the first chain, one fixed lane sum, then a scalar FMA tail; the same order in every call.
+static inline float dot(const float* a, const float* b, int64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m256 w0 = _mm256_loadu_ps(w + i), w1 = _mm256_loadu_ps(w + i + 8);
-    for (int g = 0; g < G; ++g) {
-      a0[g] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[g] + i), a0[g]);
-      a1[g] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x[g] + i + 8), a1[g]);
-    }
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), a1);
   }
-  for (; i + 8 <= n; i += 8) {
-    const __m256 w0 = _mm256_loadu_ps(w + i);
-    for (int g = 0; g < G; ++g) a0[g] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x[g] + i), a0[g]);
-  }
-  for (int g = 0; g < G; ++g) {
-    float l[8];
-    _mm256_storeu_ps(l, _mm256_add_ps(a0[g], a1[g]));
-    float s = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-    for (int64_t j = i; j < n; ++j) s = std::fma(w[j], x[g][j], s);
-    out[g] = s;
-  }
-}
-
-static inline float dot(const float* a, const float* b, int64_t n) {
-  float s;
-  dots<1>(a, &b, n, &s);
+  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
+  float l[8];
+  _mm256_storeu_ps(l, _mm256_add_ps(a0, a1));
+  float s = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+  for (int64_t j = i; j < n; ++j) s = std::fma(a[j], b[j], s);
   return s;
 }
 
