@@ -18,7 +18,8 @@ shipped code target (1 thread, benchmarks/decode-step-latest.md) one slot takes 
 targets (`TextGenerator.target`) and drafts opt in (`LlamaRunner.decode_kernel`); the image and video targets
 keep their own serving. Forwards of more than MAX_SLOTS new slots stay on the torch path. Float32 and CPU only;
 it builds on first use beside the other CPU kernels (same compiler requirements), and where it cannot build the
-runner keeps the torch path (`SPECGEN_DECODE_KERNEL=off` turns it off).
+runner keeps the torch path (`SPECGEN_DECODE_KERNEL=off` turns it off). `rms_norm` exposes the step's row-wise
+norm on its own (the served Gemma's 109 norms per forward).
 """
 
 from __future__ import annotations
@@ -152,6 +153,15 @@ static void rope(float* x, const float* cs, const float* sn, int64_t hd) {
   std::memcpy(x, tmp, hd * sizeof(float));
 }
 
+// x [R, d] -> scale * x / sqrt(mean(x^2) + eps), row by row (a Gemma norm's (1 + w) scale, or a Llama norm's w)
+torch::Tensor rms_norm_rows(torch::Tensor x, torch::Tensor scale, double eps) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && scale.dtype() == torch::kFloat32 && x.is_contiguous()
+              && scale.is_contiguous() && x.dim() == 2 && x.size(1) == scale.numel(), "x [R, d], scale [d], float32");
+  auto out = torch::empty_like(x);
+  rms_norm(x.data_ptr<float>(), scale.data_ptr<float>(), out.data_ptr<float>(), x.size(0), x.size(1), (float)eps);
+  return out;
+}
+
 torch::Tensor linear_rows(torch::Tensor x, torch::Tensor w) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && w.dtype() == torch::kFloat32 && x.is_contiguous() && w.is_contiguous()
               && x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [R, in], w [out, in], float32");
@@ -277,7 +287,7 @@ def load():
     """The compiled module, or None where it cannot be built (the runner keeps its torch path)."""
     from specgen.kernels import int8_rows
 
-    return int8_rows.build("specgen_decode_step_", SOURCE, ["decode_layers", "linear_rows"], "SPECGEN_DECODE_KERNEL",
+    return int8_rows.build("specgen_decode_step_", SOURCE, ["decode_layers", "linear_rows", "rms_norm_rows"], "SPECGEN_DECODE_KERNEL",
                            "decoding", "using torch ops")
 
 
@@ -326,6 +336,13 @@ def decode(runner, hidden: torch.Tensor, positions: torch.Tensor, cache,
 
 
 _NO_MASK = torch.empty(0, dtype=torch.bool)
+
+
+def rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """scale * x / sqrt(mean(x^2) + eps) over the last dimension, each row in one compiled call and a fixed order
+    (row-invariant): one call instead of torch's half-dozen small ops on CPU. float32 x and scale."""
+    flat = x.reshape(-1, x.shape[-1]).contiguous()
+    return load().rms_norm_rows(flat, scale, eps).reshape(x.shape)
 
 
 def linear_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

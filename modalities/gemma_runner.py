@@ -17,9 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specgen.kernels import query_attention
+from specgen.kernels import decode_step, query_attention
 from specgen.modalities.int8_linear import Int8Linear
-from specgen.modalities.llama_runner import rotate_half
 
 SUPPORTED = ("gemma3_text",)
 
@@ -73,7 +72,9 @@ class GemmaRunner:
         # per layer type, the keys each query sees: None (the prefix rule) or a [rows, n, width] bool mask
         visible = {kind: None if attention_mask is None else attention_mask[kind][:, 0] == 0
                    for kind in {layer["type"] for layer in self.layers}}
-        rotary = {kind: self.rotary(hidden, positions, kind) for kind in visible}  # cos, sin: [rows, n, head_dim]
+        # cos, sin: [rows, n, head_dim]; rotate_half(x) * sin == x.roll(half) * (sin with its first half negated)
+        # bit for bit (negation is exact), which takes one torch op where rotate_half takes four
+        rotary = {kind: _rolled_sin(*self.rotary(hidden, positions, kind)) for kind in visible}
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         for index, layer in enumerate(self.layers):
             x = _rms_norm(hidden, *layer["norm_in"])
@@ -82,7 +83,8 @@ class GemmaRunner:
             k = _rms_norm(k.view(rows, n, self.kv_heads, self.head_dim), *layer["k_norm"]).transpose(1, 2)
             v = v.view(rows, n, self.kv_heads, self.head_dim).transpose(1, 2)  # [rows, kv_heads, n, head_dim]
             cos, sin = (t[:, None] for t in rotary[layer["type"]])
-            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+            half = self.head_dim // 2
+            q, k = q * cos + q.roll(half, -1) * sin, k * cos + k.roll(half, -1) * sin
             keys, values = cache.update(k, v, index)  # [rows, kv_heads, width, head_dim]
             attended = query_attention.attend(q, keys, values, visible[layer["type"]], layer["scaling"])
             hidden = hidden + _rms_norm(layer["out"](attended), *layer["norm_post_attn"])
@@ -99,12 +101,20 @@ class GemmaRunner:
         return logits
 
 
+def _rolled_sin(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    half = sin.shape[-1] // 2
+    return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
 def _norm(module) -> tuple[torch.Tensor, float]:
     """A Gemma3RMSNorm as (its float32 (1 + w) scale, eps), computed once."""
     return (1.0 + module.weight.detach().float()), module.eps
 
 
 def _rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
-    # as transformers' Gemma3RMSNorm: statistics and the (1 + w) scale in float32, then back to x's dtype; one
-    # fused call per row of the last dimension, so a row's result never depends on the other rows
+    # as transformers' Gemma3RMSNorm: statistics and the (1 + w) scale in float32, then back to x's dtype; row by
+    # row, so a row's result never depends on the other rows. On a float32 CPU tensor one compiled call of ours
+    # (`decode_step.rms_norm`) replaces torch's six small ops, which cost a 4-slot forward about 3.6 ms in 109 norms
+    if x.dtype == torch.float32 and x.device.type == "cpu" and decode_step.available():
+        return decode_step.rms_norm(x, scale, eps)
     return F.rms_norm(x.float(), (x.shape[-1],), scale, eps).type_as(x)

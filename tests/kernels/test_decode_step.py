@@ -172,3 +172,12 @@ def test_text_targets_score_a_window_as_single_steps_bit_for_bit(tmp_path):
     both = batch.score(torch.stack([window, window]), torch.stack([40 + torch.arange(13), 90 + torch.arange(13)]),
                        torch.tensor([0, 1]))
     assert torch.equal(both[1], scored)
+
+
+def test_rows_rms_norm_matches_torch_and_gives_each_row_its_own_bits():
+    generator = torch.Generator().manual_seed(9)
+    x, scale = torch.randn(2, 5, 3, 256, generator=generator), 1 + torch.randn(256, generator=generator)
+    normed = decode_step.rms_norm(x, scale, 1e-6)
+    assert torch.allclose(normed, torch.nn.functional.rms_norm(x, (256,), scale, 1e-6), atol=1e-5)
+    alone = decode_step.rms_norm(x[1, 3:4, 2:3], scale, 1e-6)
+    assert torch.equal(alone[0, 0], normed[1, 3, 2])

@@ -70,6 +70,18 @@ def window_mismatches(model, windows=(2, 3, 4, 5, 8)) -> int:
     return mismatches
 
 
+def test_rolled_rotary_equals_rotate_half_bit_for_bit():
+    """The runner rotates with x.roll(half) and a sine whose first half is negated: the same bits as
+    transformers' x * cos + rotate_half(x) * sin."""
+    from specgen.modalities.gemma_runner import _rolled_sin
+    from specgen.modalities.llama_runner import rotate_half
+
+    generator = torch.Generator().manual_seed(4)
+    q, cos, sin = (torch.randn(*shape, generator=generator) for shape in ((2, 4, 5, 64), (2, 1, 5, 64), (2, 1, 5, 64)))
+    rolled_cos, rolled_sin = _rolled_sin(cos, sin)
+    assert torch.equal(q * cos + rotate_half(q) * sin, q * rolled_cos + q.roll(32, -1) * rolled_sin)
+
+
 def test_windows_score_bitwise_as_plain_decoding_when_served_int8():
     model = quantize_model(tiny_gemma3())
     assert isinstance(TransformersTarget(model).runner, GemmaRunner)
