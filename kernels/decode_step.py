@@ -63,6 +63,7 @@ constexpr int OUT_TILE = 4;  // 16 accumulators + 4 weight blocks fit the 32 vec
 #else
 constexpr int OUT_TILE = 2;  // AVX2 holds a v16 in two registers
 #endif
+static_assert(OUT_TILE <= 4, "one fold4 reduces a row's whole output tile");
 
 static const int64_t PREFETCH_TILES = 8;
 
@@ -104,16 +105,12 @@ static inline void tile(const float* w, int64_t outs_here, const float* const* x
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) block(i, 16);
   if (i < n) block(i, n - i);
-  for (int r = 0; r < R; ++r)
-    for (int k0 = 0; k0 < outs_here; k0 += 4) {
-      float l[16];
-      const v16 folded = fold4(acc[r] + k0, OUT_TILE - k0 < 4 ? OUT_TILE - k0 : 4);
-      __builtin_memcpy(l, &folded, sizeof(l));
-      for (int k = k0; k < outs_here && k < k0 + 4; ++k) {
-        const float* p = l + 4 * (k - k0);
-        out[r * out_stride + k] = (p[0] + p[1]) + (p[2] + p[3]);
-      }
-    }
+  for (int r = 0; r < R; ++r) {
+    float l[16];
+    const v16 folded = fold4(acc[r], OUT_TILE);
+    __builtin_memcpy(l, &folded, sizeof(l));
+    for (int k = 0; k < outs_here; ++k) out[r * out_stride + k] = (l[4 * k] + l[4 * k + 1]) + (l[4 * k + 2] + l[4 * k + 3]);
+  }
 }
 
 static void matvec(const float* w, const float* x, float* out, int64_t rows, int64_t outs, int64_t ins) {
@@ -296,7 +293,7 @@ def available() -> bool:
 
 
 # Past this many new slots in one forward the torch path takes it: the kernel keeps every token's attended slots
-# in a list (quadratic memory in the slots), and a text model's context is at most this long anyway.
+# in a list (quadratic memory in the slots). The shipped code and speech models' contexts (1,024) fit under it.
 MAX_SLOTS = 1024
 
 
