@@ -28,13 +28,8 @@ import functools
 
 import torch
 
-SOURCE = r"""
-#include <torch/extension.h>
-#include <immintrin.h>
-#include <cmath>
-#include <cstring>
-#include <vector>
-
+# The row-wise norm and its dot product, shared with the compiled Gemma layer glue (`kernels.gemma_layer`)
+NORM_SOURCE = r"""
 // One dot product (a norm's sum of squares, an attention score): two 8-lane FMA chains over 16-wide blocks, a last
 // 8-wide block into the first chain, one fixed lane sum, then a scalar FMA tail; the same order in every call.
 static inline float dot(const float* a, const float* b, int64_t n) {
@@ -52,6 +47,26 @@ static inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// x [rows, d] -> w * (x / sqrt(mean(x^2) + eps)), row by row
+static void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t d, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * d;
+    float ss = dot(xr, xr, d);
+    const float inv = 1.f / std::sqrt(ss / d + eps);
+    for (int64_t i = 0; i < d; ++i) out[r * d + i] = w[i] * (xr[i] * inv);
+  }
+}
+
+"""
+
+SOURCE = r"""
+#include <torch/extension.h>
+#include <immintrin.h>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+""" + NORM_SOURCE + r"""
 // out[r, o] = W[o] . x[r], tiled: up to 4 input rows x OUT_TILE weight rows per pass, every (row, output) pair
 // one 16-lane FMA chain over the inputs (a zero-padded last block), reduced by one fixed shuffle tree. A tile's
 // size changes only which pairs run side by side, never a pair's arithmetic, so a row gets the same bits alone
@@ -129,15 +144,6 @@ static void matvec(const float* w, const float* x, float* out, int64_t rows, int
       case 2: tile<2>(wo, here, xs.data() + r, ins, out + r * outs + o, outs, ahead); break;
       case 1: tile<1>(wo, here, xs.data() + r, ins, out + r * outs + o, outs, ahead); break;
     }
-  }
-}
-
-static void rms_norm(const float* x, const float* w, float* out, int64_t rows, int64_t d, float eps) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * d;
-    float ss = dot(xr, xr, d);
-    const float inv = 1.f / std::sqrt(ss / d + eps);
-    for (int64_t i = 0; i < d; ++i) out[r * d + i] = w[i] * (xr[i] * inv);
   }
 }
 

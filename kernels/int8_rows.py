@@ -146,14 +146,10 @@ static void rows_at_width(bool wide, const float* x, const T* w, const float* s,
 
 bool has_wide() { return kHave512; }
 
-torch::Tensor int8_rows_mm(torch::Tensor x, torch::Tensor w, torch::Tensor scales, bool wide) {
-  TORCH_CHECK(x.dtype() == torch::kFloat32 && w.dtype() == torch::kInt8 && scales.dtype() == torch::kFloat32);
-  x = x.contiguous(); w = w.contiguous(); scales = scales.contiguous();
-  int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  TORCH_CHECK(K % 8 == 0, "K must be a multiple of 8");
-  auto out = torch::empty({M, N}, x.options());
-  const float* xp = x.data_ptr<float>(); const int8_t* wp = w.data_ptr<int8_t>();
-  const float* sp = scales.data_ptr<float>(); float* op = out.data_ptr<float>();
+// out [M, N] = x [M, K] . w [N, K]^T * scales: the product every caller gets (the compiled Gemma layer glue calls it
+// directly); `wide` allows the 16-lane path, which a layer takes whatever M
+static void int8_rows_product(const float* xp, const int8_t* wp, const float* sp, float* op, int64_t M, int64_t N,
+                              int64_t K, bool wide) {
   wide = wide && kHave512 && K % 16 == 0;
   if (M <= 12) {  // decoding and verification windows: stream the int8 weights once per 6 rows
     rows_at_width<int8_t>(wide, xp, wp, sp, op, M, 0, N, K, N);
@@ -167,6 +163,16 @@ torch::Tensor int8_rows_mm(torch::Tensor x, torch::Tensor w, torch::Tensor scale
       rows_at_width<float>(wide, xp, widened.data(), sp + n0, op + n0, M, 0, count, K, N);
     }
   }
+}
+
+torch::Tensor int8_rows_mm(torch::Tensor x, torch::Tensor w, torch::Tensor scales, bool wide) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && w.dtype() == torch::kInt8 && scales.dtype() == torch::kFloat32);
+  x = x.contiguous(); w = w.contiguous(); scales = scales.contiguous();
+  int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  TORCH_CHECK(K % 8 == 0, "K must be a multiple of 8");
+  auto out = torch::empty({M, N}, x.options());
+  int8_rows_product(x.data_ptr<float>(), w.data_ptr<int8_t>(), scales.data_ptr<float>(), out.data_ptr<float>(), M, N,
+                    K, wide);
   return out;
 }
 """

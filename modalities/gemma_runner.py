@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specgen.kernels import decode_step, query_attention
+from specgen.kernels import decode_step, gemma_layer, query_attention
 from specgen.modalities.int8_linear import Int8Linear
 
 SUPPORTED = ("gemma3_text",)
@@ -76,16 +76,25 @@ class GemmaRunner:
         # bit for bit (negation is exact), which takes one torch op where rotate_half takes four
         rotary = {kind: _rolled_sin(*self.rotary(hidden, positions, kind)) for kind in visible}
         q_size, kv_size, half = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.head_dim // 2
+        glue = hidden.dtype == torch.float32 and hidden.device.type == "cpu" and gemma_layer.usable(self)
+        if glue:
+            hidden = hidden.contiguous()
         for index, layer in enumerate(self.layers):
-            x = _rms_norm(hidden, *layer["norm_in"])
-            q, k, v = layer["qkv"](x).split([q_size, kv_size, kv_size], dim=-1)
-            q = _rms_norm(q.view(rows, n, self.heads, self.head_dim), *layer["q_norm"]).transpose(1, 2)
-            k = _rms_norm(k.view(rows, n, self.kv_heads, self.head_dim), *layer["k_norm"]).transpose(1, 2)
-            v = v.view(rows, n, self.kv_heads, self.head_dim).transpose(1, 2)  # [rows, kv_heads, n, head_dim]
-            cos, sin = (t[:, None] for t in rotary[layer["type"]])
-            q, k = q * cos + q.roll(half, -1) * sin, k * cos + k.roll(half, -1) * sin
+            cos, sin = rotary[layer["type"]]
+            if glue:  # the same arithmetic in one compiled call (kernels.gemma_layer)
+                q, k, v = gemma_layer.attention_in(hidden, layer, cos, sin, self.heads, self.kv_heads)
+            else:
+                x = _rms_norm(hidden, *layer["norm_in"])
+                q, k, v = layer["qkv"](x).split([q_size, kv_size, kv_size], dim=-1)
+                q = _rms_norm(q.view(rows, n, self.heads, self.head_dim), *layer["q_norm"]).transpose(1, 2)
+                k = _rms_norm(k.view(rows, n, self.kv_heads, self.head_dim), *layer["k_norm"]).transpose(1, 2)
+                v = v.view(rows, n, self.kv_heads, self.head_dim).transpose(1, 2)  # [rows, kv_heads, n, head_dim]
+                q, k = (t * cos[:, None] + t.roll(half, -1) * sin[:, None] for t in (q, k))
             keys, values = cache.update(k, v, index)  # [rows, kv_heads, width, head_dim]
             attended = query_attention.attend(q, keys, values, visible[layer["type"]], layer["scaling"])
+            if glue:
+                hidden = gemma_layer.attention_out_mlp(hidden, attended, layer)
+                continue
             hidden = hidden + _rms_norm(layer["out"](attended), *layer["norm_post_attn"])
             x = _rms_norm(hidden, *layer["norm_pre_mlp"])
             gate, up = layer["gate_up"](x).chunk(2, dim=-1)
