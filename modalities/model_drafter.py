@@ -1,9 +1,10 @@
 """A draft model (any transformers causal LM) as a `Drafter`, optionally over a reduced vocabulary.
 
 The drafter keeps its own position-indexed cache and remembers which tokens it holds per row. Each proposal
-first catches up on committed tokens it has not cached (rolling back to the longest common prefix with the
-committed context, which discards rejected drafts), then samples `budget` tokens one forward at a time under
-its own `Processing`, reporting the law each token was drawn from. Randomness is counter-based, keyed by
+rolls back to the longest common prefix with the committed context (discarding rejected drafts), feeds the
+committed tokens it has not cached with its first forward, then samples `budget` tokens one forward at a time
+under its own `Processing`, reporting the law each token was drawn from. With prompt lookup (`draft-lookup`),
+slots lookup fills need no forward, and a proposal lookup fills throughout runs none. Randomness is counter-based, keyed by
 (seed, sample, position, DRAFT), so a row's draft does not depend on the batch it runs in.
 """
 
@@ -78,28 +79,28 @@ class ModelDrafter:
         rows = ctx.rows
         if not self.cached or self.engine.cache is None or len(self.cached) <= int(rows.max()):
             self._reset(int(rows.max()) + 1)
-        pending = self._catch_up(ctx)  # [rows, w] right-padded uncached committed tokens, with counts
-        tokens, counts = pending
+        # committed tokens the draft has not scored yet ([rows, w] right-padded, with counts: at least the pending
+        # one); they are fed with the first forward the proposal needs
+        backlog = self._catch_up(ctx)
         positions = ctx.next_positions  # position of the first drafted token
-        start = positions[:, None] - counts[:, None] + torch.arange(tokens.shape[1])  # [rows, w]
-        logits = self.engine.score(self._draft_ids(tokens), start, rows)  # [rows, w, vocab]
-        self.forward_calls += 1
-        valid = torch.arange(tokens.shape[1]) < counts[:, None]
-        self.engine.commit(valid, rows)
-        last = logits[torch.arange(len(rows)), counts - 1]  # [rows, vocab]
         drafted, laws, confidence = [], [], []
         num_drafted = torch.full((len(rows),), budget, dtype=torch.long)
         stopped = torch.zeros(len(rows), dtype=torch.bool)
         previous = None
         prefixes = [t.tolist() for t in ctx.tokens] if self.lookup is not None else None
         # `draft-lookup` without a stop rule: a slot that lookup fills in every row needs no draft law, so the
-        # forward that would give it one is deferred; the next slot that needs the model feeds every deferred
-        # token in one forward (the law it reads is the draft's law after the same context)
+        # forward that would give it one is deferred; the next slot that needs the model feeds the backlog and
+        # every deferred token in one forward (the law it reads is the draft's law after the same context). A
+        # proposal that lookup fills throughout runs no draft forward at all.
         defer = prefixes is not None and self.stop_policy is None
         row_ids = rows.tolist()
         fills = self._lookup_rows(prefixes, row_ids) if prefixes is not None else None
+        width = self.engine.vocab_size if self.vocab_ids is None else len(self.vocab_ids)
         unfed: list[torch.Tensor] = []  # drafted tokens not yet in the draft's cache
-        fed, width = 0, 0
+        fed = 0
+        last = None
+        if not (defer and all(row_index >= 0 for row_index in fills)):
+            last, backlog = self._feed(rows, backlog, torch.zeros(len(rows), 0, dtype=torch.long), positions), None
         for d in range(budget):
             if last is None:  # every row looked up: point masses, and their confidence is 1
                 law = self._point_masses(torch.zeros(len(rows), width), fills)
@@ -115,7 +116,6 @@ class ModelDrafter:
                             break
                     previous = plain
                 law = self._law(last, self._routes(ctx, drafted))
-                width = law.shape[-1]
                 if fills is not None:
                     law = self._point_masses(law, fills)
                 confidence.append(plain.max(-1).values)
@@ -135,18 +135,38 @@ class ModelDrafter:
                 if defer and all(row_index >= 0 for row_index in fills):
                     last = None
                     continue
-                feed = torch.stack(unfed, 1)  # [rows, u]
-                at = positions[:, None] + (d + 1 - feed.shape[1]) + torch.arange(feed.shape[1])
-                last = self.engine.score(self._draft_ids(feed), at, rows)[:, -1]
-                self.forward_calls += 1
-                self.engine.commit(torch.ones(feed.shape, dtype=torch.bool), rows)
+                feed = torch.stack(unfed, 1)  # [rows, u]: drafted tokens fed - 1 + 1 .. d
+                last, backlog = self._feed(rows, backlog, feed, positions + fed), None
                 fed, unfed = fed + feed.shape[1], []
-        # the draft's cache holds the context and the drafted tokens it has scored
+        # the draft's cache holds the context and the drafted tokens it has scored (or, with the backlog never fed,
+        # the context without the backlog)
         for i, row in enumerate(rows.tolist()):
-            self.cached[row] = ctx.tokens[i].tolist() + [int(t[i]) for t in drafted[:fed]]
+            context = ctx.tokens[i].tolist()
+            if backlog is not None:
+                self.cached[row] = context[:len(context) - int(backlog[1][i])]
+            else:
+                self.cached[row] = context + [int(t[i]) for t in drafted[:fed]]
         ragged = None if self.stop_policy is None else num_drafted.clamp(max=len(drafted))
         self.confidence = torch.stack(confidence, 1)
         return Draft(torch.stack(drafted, 1), torch.stack(laws, 1), num_drafted=ragged, vocab_ids=self.vocab_ids)
+
+    def _feed(self, rows: torch.Tensor, backlog, feed: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        """Score and cache the backlog's committed tokens (None: already fed) followed by the drafted tokens `feed`
+        [rows, u], the first of them at position `first` [rows]; return the draft's logits after the last one."""
+        u = feed.shape[1]
+        if backlog is None:
+            tokens, counts = feed, torch.zeros(len(rows), dtype=torch.long)
+        else:
+            pending, counts = backlog
+            tokens = torch.zeros(len(rows), int(counts.max()) + u, dtype=torch.long)
+            for i, count in enumerate(counts.tolist()):
+                tokens[i, :count], tokens[i, count:count + u] = pending[i, :count], feed[i]
+        length = counts + u
+        at = first[:, None] - counts[:, None] + torch.arange(tokens.shape[1])  # [rows, w]
+        logits = self.engine.score(self._draft_ids(tokens), at, rows)  # [rows, w, vocab]
+        self.forward_calls += 1
+        self.engine.commit(torch.arange(tokens.shape[1]) < length[:, None], rows)
+        return logits[torch.arange(len(rows)), length - 1]
 
     def _lookup_rows(self, prefixes: list[list[int]], rows: list[int]) -> list[int]:
         """Per row, the draft index of the token lookup continues its context with, or -1 where it has none (a

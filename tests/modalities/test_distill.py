@@ -482,3 +482,42 @@ def test_draft_lookup_defers_the_forwards_of_looked_up_slots(tmp_path):
     assert spec.tokens == plain.tokens and spec.stats["drafted"] > 0
     # without deferral every step runs 4 draft forwards (the catch-up and one per further slot)
     assert drafter.looked_up > 0 and drafter.forward_calls < spec.stats["steps"] * 4
+
+
+def test_draft_lookup_runs_no_draft_forward_when_lookup_fills_every_slot(tmp_path):
+    """A proposal that lookup fills throughout leaves the committed tokens the draft has not seen to the next
+    proposal that needs the draft: on a repeating prompt some proposals run no draft forward at all, others feed
+    that backlog, and greedy output still equals plain decoding (the sampled law: the chi-square test above)."""
+    from specgen.modalities.model_drafter import ModelDrafter
+    from specgen.modalities.text.generator import TextGenerator
+    from specgen.modalities.text.ngram import LookupSlots
+    from specgen.modalities.transformers_adapter import TransformersTarget
+    from specgen.samplers.acceptance import ChainRejection
+    from specgen.samplers.loop import generate
+    from specgen.samplers.policies import FixedLength
+    from specgen.samplers.processing import Processing
+
+    target_path, draft_path = save_tiny_pair(tmp_path)
+    gen = TextGenerator(target_path, draft_path)
+    prompts = [gen.encode("a b c a b c a b c a b c a b"), gen.encode("x = 1\nx = 1\nx =")]
+    processing = Processing(temperature=0.0)
+
+    class Counted(ModelDrafter):
+        per_proposal: list[int] = []
+
+        def propose(self, ctx, budget):
+            before = self.forward_calls
+            draft = super().propose(ctx, budget)
+            self.per_proposal.append(self.forward_calls - before)
+            return draft
+
+    for batch in (prompts[:1], prompts):
+        drafter = Counted(gen.draft_model, processing, target_vocab_size=gen.model.config.vocab_size,
+                          lookup=LookupSlots(3, 1))
+        drafter.per_proposal = []
+        spec = generate(TransformersTarget(gen.model), drafter, ChainRejection(), batch, processing=processing,
+                        max_new_tokens=24, policy=FixedLength(3), seed=0)
+        plain = generate(TransformersTarget(gen.model), None, ChainRejection(), batch, processing=processing,
+                         max_new_tokens=24, seed=0)
+        assert spec.tokens == plain.tokens
+        assert 0 in drafter.per_proposal and max(drafter.per_proposal) > 0, drafter.per_proposal
