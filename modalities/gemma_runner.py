@@ -2,7 +2,8 @@
 
 Same arithmetic as transformers' Gemma 3 (scaled embeddings, (1 + w) RMSNorms before and after attention and
 MLP, q/k norms, local and global rotary bases, sliding-window layers, tanh-GELU gating) in a few fused calls
-per layer, with one difference that matters for exactness: attention runs one query at a time over exactly
+per layer (on a CPU with the int8 kernel, two compiled calls around the cache write and attention:
+`kernels.gemma_layer`), with one difference that matters for exactness: attention runs one query at a time over exactly
 the keys that query sees, gathered in position order. A drafted token scored in a window of 8 then goes
 through the very same kernels, with the very same shapes, as the same token scored alone by plain decoding,
 so with row-invariant linear layers (`int8_linear.Int8Linear`) its logits are bitwise identical and
@@ -46,6 +47,7 @@ class GemmaRunner:
         self.final_norm = _norm(body.norm)
         self.softcap = config.final_logit_softcapping
         self.keep_hidden, self.last_hidden = False, None
+        self._glue = None  # whether `kernels.gemma_layer` serves the layers: decided on first use (tests set it)
         self.layers = []
         for layer_type, layer in zip(config.layer_types, body.layers):
             attn, mlp = layer.self_attn, layer.mlp
