@@ -131,16 +131,9 @@ def load():
                            "using torch calls between the int8 products")
 
 
-def usable(runner) -> bool:
-    """Whether a Gemma runner's layers can run through the two calls: every linear layer an `Int8Linear` served by
-    the int8 kernel (inputs a multiple of 8 wide), and the kernel built. Checked once per runner."""
-    if getattr(runner, "_glue", None) is None:
-        from specgen.modalities.int8_linear import Int8Linear
-
-        linears = [layer[name] for layer in runner.layers for name in ("qkv", "out", "gate_up", "down")]
-        runner._glue = (int8_rows.available() and all(isinstance(linear, Int8Linear) and linear.in_features % 8 == 0
-                                                      for linear in linears) and load() is not None)
-    return runner._glue
+def available() -> bool:
+    """Whether the two calls can run here: this kernel and the int8 kernel whose products it computes both built."""
+    return int8_rows.available() and load() is not None
 
 
 def attention_in(hidden: torch.Tensor, layer: dict, cos: torch.Tensor, sin: torch.Tensor, heads: int,

@@ -63,6 +63,15 @@ class GemmaRunner:
                 "norm_post_mlp": _norm(layer.post_feedforward_layernorm),
             })
 
+    def uses_glue(self) -> bool:
+        """Whether the layers run through `kernels.gemma_layer`: every linear layer an `Int8Linear` the int8 kernel
+        serves (inputs a multiple of 8 wide) and the kernel built. Decided once."""
+        if self._glue is None:
+            linears = [layer[name] for layer in self.layers for name in ("qkv", "out", "gate_up", "down")]
+            self._glue = (all(isinstance(linear, Int8Linear) and linear.in_features % 8 == 0 for linear in linears)
+                          and gemma_layer.available())
+        return self._glue
+
     @torch.no_grad()
     def forward(self, tokens, positions, cache, attention_mask, logits_to_keep: int = 0) -> torch.Tensor:
         """tokens, positions: [rows, n]; attention_mask: None (every cached key and every earlier window slot is
@@ -78,7 +87,7 @@ class GemmaRunner:
         # bit for bit (negation is exact), which takes one torch op where rotate_half takes four
         rotary = {kind: _rolled_sin(*self.rotary(hidden, positions, kind)) for kind in visible}
         q_size, kv_size, half = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.head_dim // 2
-        glue = hidden.dtype == torch.float32 and hidden.device.type == "cpu" and gemma_layer.usable(self)
+        glue = hidden.dtype == torch.float32 and hidden.device.type == "cpu" and self.uses_glue()
         if glue:
             hidden = hidden.contiguous()
         for index, layer in enumerate(self.layers):

@@ -9,12 +9,12 @@ from specgen.modalities.int8_linear import quantize_model
 from specgen.modalities.transformers_adapter import TransformersTarget
 from tiny_models import tiny_gemma3
 
-pytestmark = pytest.mark.skipif(gemma_layer.load() is None, reason="the CPU kernel does not build here")
+pytestmark = pytest.mark.skipif(not gemma_layer.available(), reason="the CPU kernel does not build here")
 
 
 def _engine(model, glue: bool) -> TransformersTarget:
     engine = TransformersTarget(model, capacity=128)
-    assert gemma_layer.usable(engine.runner)
+    assert engine.runner.uses_glue()
     engine.runner._glue = glue
     vocab = model.config.vocab_size
     engine.prefill([torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(length))
@@ -69,4 +69,4 @@ def test_a_row_gets_the_same_bits_alone_as_in_the_batch():
 
 
 def test_dense_layers_keep_the_torch_loop():
-    assert not gemma_layer.usable(TransformersTarget(tiny_gemma3(7)).runner)
+    assert not TransformersTarget(tiny_gemma3(7)).runner.uses_glue()
