@@ -2,7 +2,7 @@
 or sweep the tree methods over node budgets.
 
     python -m specgen.app.calibrate [--model M] [--draft D] [--width 8] [--temperature 0] [--prompts 8]
-        [--max-new-tokens 64] [--threads 1] [--json]
+        [--max-new-tokens 64] [--threads 1] [--json]        (default pair: the shipped code pair)
     python -m specgen.app.calibrate --sweep [--budgets 4,8,16,32] [--methods sequoia,dyspec,eagle2]
         [--max-new-tokens 128] [--threads 1] [--out-dir benchmarks]
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     from specgen.modalities.tree_drafter import acceptance_by_rank
     from specgen.samplers import trees
 
-    generator = TextGenerator(args.model, args.draft, threads=args.threads)
+    generator = TextGenerator(*_pair(args), threads=args.threads)
     texts = load_corpus().texts("val")[:args.prompts]
     prompts = [generator.encode(text[:400]) for text in texts]
     result = acceptance_by_rank(generator.model, generator.draft_model, prompts, width=args.width,
@@ -66,6 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _pair(args) -> tuple[str | None, str | None]:
+    """The target and draft to measure: as given, else the shipped code pair (not the default text model: tree
+    drafts need a draft over the target's full vocabulary, which the Gemma draft is not)."""
+    from specgen.modalities.text.generator import shipped_code_pair
+
+    return (args.model, args.draft) if args.model or args.draft else shipped_code_pair()
+
+
 def sweep(args) -> int:
     import torch
 
@@ -75,7 +83,7 @@ def sweep(args) -> int:
     from specgen.samplers.stats import SpecStats
 
     source, load_before = source_state(), _load()
-    generator = TextGenerator(args.model, args.draft, threads=args.threads)
+    generator = TextGenerator(*_pair(args), threads=args.threads)
     prompts = load_prompts(benchmarks_dir() / "prompts" / "text.jsonl")
     budgets = [int(b) for b in args.budgets.split(",")]
     variants = [("ar", "ar", {}), ("draft", "draft", {})]
