@@ -142,7 +142,7 @@ register(MethodSpec("draft-lookup", "text", True,
                     paper="Leviathan et al. 2023 with Saxena 2023's lookup",
                     knobs=(NUM_DRAFT_TOKENS, NGRAM_SIZE, MIN_NGRAM_SIZE, LENGTH_SCHEDULE)))
 TREE_BUDGET = Knob("tree_budget", int, 16, "drafted tree nodes per step (the root excluded)", 1, 256)
-TREE_DEPTH = Knob("max_depth", int, 6, "deepest drafted node (also the loop's draft length)", 1, 64)
+TREE_DEPTH = Knob("max_depth", int, 8, "deepest drafted node (also the loop's draft length)", 1, 64)
 register(MethodSpec("sequoia", "text", True,
                     "a static draft tree (Sequoia's dynamic program over an acceptance-by-rank vector, or a named "
                     "shape); children drawn without replacement, verified by the without-replacement tree rule "
@@ -151,15 +151,15 @@ register(MethodSpec("sequoia", "text", True,
                     knobs=(TREE_BUDGET, TREE_DEPTH,
                            Knob("shape", str, "dp", "'dp' (Sequoia's optimal tree for accept_probs), 'eagle' or "
                                 "'medusa' (the mc_sim_7b_63 trees), 'chain-N' or 'k-ary-WxD'"),
-                           Knob("accept_probs", str, "0.68,0.16,0.035,0.013,0.0065,0.0043",
+                           Knob("accept_probs", str, "0.953,0.0268,0.0112,0.0045,0.0045",
                                 "P(the r-th drawn child is the accepted one), r = 1, 2, ... (comma-separated; the default "
-                                "was measured on the shipped code pair by `python -m specgen.app.calibrate`)"))))
+                                "was measured on the shipped code pair, its distilled draft, by `python -m specgen.app.calibrate`)"))))
 register(MethodSpec("dyspec", "text", True,
                     "a dynamic draft tree grown best-first by draft path probability under a node budget; children "
                     "drawn without replacement, verified by the without-replacement tree rule (deterministic at "
                     "temperature 0)", drafter="tree-dyspec", rule="tree",
                     paper="Xiong et al. 2024, DySpec (arXiv 2410.11744)",
-                    knobs=(TREE_BUDGET, Knob("max_depth", int, 8, TREE_DEPTH.help, 1, 64))))
+                    knobs=(TREE_BUDGET, TREE_DEPTH)))
 register(MethodSpec("eagle2", "text", True,
                     "EAGLE-2's dynamic tree from a draft model: top-k expansion per depth, global re-ranking to the "
                     "node budget; candidates verified by the deterministic tree rule (as EAGLE does)",
