@@ -4,8 +4,8 @@ The drafter keeps its own position-indexed cache and remembers which tokens it h
 rolls back to the longest common prefix with the committed context (discarding rejected drafts), feeds the
 committed tokens it has not cached with its first forward, then samples `budget` tokens one forward at a time
 under its own `Processing`, reporting the law each token was drawn from. With prompt lookup (`draft-lookup`),
-slots lookup fills need no forward, and a proposal lookup fills throughout runs none. Randomness is counter-based, keyed by
-(seed, sample, position, DRAFT), so a row's draft does not depend on the batch it runs in.
+slots lookup fills need no forward, and a proposal lookup fills throughout runs none. Randomness is
+counter-based, keyed by (seed, sample, position, DRAFT), so a row's draft does not depend on the batch it runs in.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ class ModelDrafter:
                 if defer and all(row_index >= 0 for row_index in fills):
                     last = None
                     continue
-                feed = torch.stack(unfed, 1)  # [rows, u]: drafted tokens fed - 1 + 1 .. d
+                feed = torch.stack(unfed, 1)  # [rows, u]: drafted tokens fed .. d
                 last, backlog = self._feed(rows, backlog, feed, positions + fed), None
                 fed, unfed = fed + feed.shape[1], []
         # the draft's cache holds the context and the drafted tokens it has scored (or, with the backlog never fed,
