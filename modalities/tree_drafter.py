@@ -31,11 +31,16 @@ from specgen.samplers.types import DecodeContext, DraftTree
 
 CONSTRUCTIONS = ("static", "dyspec", "eagle2")
 class TreeDrafter(ModelDrafter):
-    """construction: 'static' (shape: a parent array), 'dyspec' (budget, max_depth) or 'eagle2' (budget, top_k,
-    depth). `budget` counts drafted nodes (the root excluded)."""
+    """construction: 'static' (shape: a parent array), 'dyspec' (budget, max_depth, per_round) or 'eagle2' (budget,
+    top_k, depth). `budget` counts drafted nodes (the root excluded). `rank_temperature`: at temperature 0, the
+    temperature of the draft law whose probabilities rank candidate nodes (a small draft's plain softmax is less
+    sure than its greedy agreement with the target: sharpening it grows DySpec's trees along the likely path).
+    `per_round`: the most nodes DySpec adds per draft forward past a node whose law is still unknown (None: a
+    quarter of the budget)."""
 
     def __init__(self, model, processing: Processing, *, construction: str = "static", shape: Sequence[int] | None = None,
                  budget: int = 16, max_depth: int | None = None, top_k: int = 4, depth: int = 5,
+                 rank_temperature: float = 1.0, per_round: int | None = None,
                  target_vocab_size: int | None = None, capacity: int | None = None):
         # trees occupy cache slots beyond their positions: leave room for the widest scored tree after a full context
         slack = 2 * (budget + top_k * depth + (len(shape) if shape is not None else 0) + 1)
@@ -47,13 +52,17 @@ class TreeDrafter(ModelDrafter):
             raise InvalidRequest("a static tree needs a shape (parent array)")
         if budget < 1:
             raise InvalidRequest(f"tree budget must be >= 1, got {budget}")
+        if rank_temperature <= 0 or (per_round is not None and per_round < 1):
+            raise InvalidRequest(f"need rank_temperature > 0 and per_round >= 1, got {rank_temperature} and {per_round}")
         self.construction, self.budget, self.max_depth, self.top_k, self.depth = (
             construction, budget, max_depth, top_k, depth)
+        self.per_round = per_round or -(-budget // 4)
         self.shape = None if shape is None else list(shape)
         sampled = not processing.greedy and construction != "eagle2"
         self.siblings = "without_replacement" if sampled else "deterministic"
-        # the law that ranks candidates: the draft's own processing when it samples, else its plain softmax
-        self.rank_processing = processing if not processing.greedy else Processing(temperature=1.0)
+        # the law that ranks candidates: the draft's own processing when it samples (keys stay token-free), else its
+        # softmax at rank_temperature (any ranking is exact under greedy tree matching)
+        self.rank_processing = processing if not processing.greedy else Processing(temperature=rank_temperature)
 
     def propose(self, ctx: DecodeContext, budget: int) -> DraftTree:
         rows = ctx.rows
@@ -88,8 +97,8 @@ class TreeDrafter(ModelDrafter):
             builder = trees.StaticBuilder(root, order, trees.truncated_shape(self.shape, depth_cap))
         elif self.construction == "dyspec":
             max_depth = depth_cap if self.max_depth is None else min(self.max_depth, depth_cap)
-            # DySpec expands every node added since the last draft forward: about four rounds per tree
-            builder = trees.DySpecBuilder(root, order, self.budget, max_depth, per_round=-(-self.budget // 4))
+            # DySpec expands every node added since the last draft forward, up to per_round past an unknown law
+            builder = trees.DySpecBuilder(root, order, self.budget, max_depth, per_round=self.per_round)
         else:
             # a node deeper than the budget cannot be among the budget best (its ancestors score at least as high)
             builder = trees.Eagle2Builder(root, order, self.budget, self.top_k, min(self.depth, depth_cap, self.budget))
@@ -190,7 +199,8 @@ def tree_drafter(kind: str, model, processing: Processing, knobs: dict, **option
         return TreeDrafter(model, processing, construction="static", shape=shape, budget=len(shape) - 1, **options)
     if kind == "tree-dyspec":
         return TreeDrafter(model, processing, construction="dyspec", budget=knobs["tree_budget"],
-                           max_depth=knobs["max_depth"], **options)
+                           max_depth=knobs["max_depth"], rank_temperature=knobs["rank_temperature"],
+                           per_round=knobs["per_round"], **options)
     if kind == "tree-eagle2":
         return TreeDrafter(model, processing, construction="eagle2", budget=knobs["tree_budget"], top_k=knobs["top_k"],
                            depth=knobs["depth"], **options)

@@ -159,7 +159,12 @@ register(MethodSpec("dyspec", "text", True,
                     "drawn without replacement, verified by the without-replacement tree rule (deterministic at "
                     "temperature 0)", drafter="tree-dyspec", rule="tree",
                     paper="Xiong et al. 2024, DySpec (arXiv 2410.11744)",
-                    knobs=(TREE_BUDGET, TREE_DEPTH)))
+                    knobs=(TREE_BUDGET, TREE_DEPTH,
+                           Knob("rank_temperature", float, 0.1, "at temperature 0, the temperature of the draft law "
+                                "whose path probabilities rank candidate nodes (the shipped code draft's plain softmax "
+                                "underrates its first choice)", 0.01, 10.0),
+                           Knob("per_round", int, 2, "most nodes added per draft forward past a node whose law is "
+                                "still unknown (1: exact best-first)", 1, 256))))
 register(MethodSpec("eagle2", "text", True,
                     "EAGLE-2's dynamic tree from a draft model: top-k expansion per depth, global re-ranking to the "
                     "node budget; candidates verified by the deterministic tree rule (as EAGLE does)",

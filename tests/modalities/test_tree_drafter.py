@@ -67,12 +67,33 @@ def test_stored_laws_are_the_draft_laws_at_each_node(pair, construction, tempera
 
 
 @pytest.mark.parametrize("method,params", [("sequoia", {}), ("sequoia", {"shape": "eagle"}), ("dyspec", {}),
-                                           ("eagle2", {}), ("dyspec", {"tree_budget": 3, "max_depth": 2})])
+                                           ("eagle2", {}), ("dyspec", {"tree_budget": 3, "max_depth": 2}),
+                                           ("dyspec", {"rank_temperature": 1.0, "per_round": 1})])
 def test_greedy_tree_methods_equal_plain_decoding(generator, method, params):
     plain = generator.generate("abc abc abc (x", method="ar", max_new_tokens=40)
     spec = generator.generate("abc abc abc (x", method=method, max_new_tokens=40, **params)
     assert spec.tokens == plain.tokens and spec.text == plain.text
     assert spec.stats["lossless"] and spec.stats["steps"] <= plain.stats["steps"]
+
+
+def test_a_sharper_ranking_law_grows_dyspec_along_the_likely_path(pair):
+    """At temperature 0 DySpec ranks candidates by the draft's path probabilities at `rank_temperature`: a sharper
+    law (0.1) gives the draft's first choices more weight than their siblings, so the same budget goes deeper."""
+    draft = load_causal_lm(pair[1])
+    contexts = [torch.tensor([0, 5, 6, 7, 8]), torch.tensor([0, 9, 3])]
+    depths = {}
+    for rank_temperature in (1.0, 0.1):
+        drafter = TreeDrafter(draft, Processing(temperature=0.0), construction="dyspec", budget=8, max_depth=8,
+                              rank_temperature=rank_temperature, per_round=1)
+        tree = drafter.propose(DecodeContext(contexts, torch.arange(2), torch.arange(2), seed=0), 8)
+        parents = tree.parents.tolist()
+        depth = [[0] * len(row) for row in parents]
+        for r, row in enumerate(parents):
+            for node in range(1, len(row)):
+                if row[node] >= 0:
+                    depth[r][node] = depth[r][row[node]] + 1
+        depths[rank_temperature] = sum(max(row) for row in depth)
+    assert depths[0.1] > depths[1.0], depths
 
 
 def test_greedy_batch_rows_equal_plain_decoding(generator):
@@ -96,6 +117,9 @@ def test_knobs_are_checked(generator):
         generator.generate("ab", method="sequoia", accept_probs="0.9,0.5", max_new_tokens=4)
     with pytest.raises(InvalidRequest):
         generator.generate("ab", method="dyspec", tree_budget=0, max_new_tokens=4)
+    for bad in ({"rank_temperature": 0.0}, {"per_round": 0}):
+        with pytest.raises(InvalidRequest):
+            generator.generate("ab", method="dyspec", max_new_tokens=4, **bad)
     assert parse_accept_probs("0.5, 0.2") == [0.5, 0.2]
     knobs = get_method("text", "sequoia").resolve_knobs({"tree_budget": 7})
     drafter = tree_drafter("tree-static", generator.draft_model, Processing(), knobs)
