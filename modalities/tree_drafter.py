@@ -35,8 +35,8 @@ class TreeDrafter(ModelDrafter):
     top_k, depth). `budget` counts drafted nodes (the root excluded). `rank_temperature`: at temperature 0, the
     temperature of the draft law whose probabilities rank candidate nodes (a small draft's plain softmax is less
     sure than its greedy agreement with the target: sharpening it grows DySpec's trees along the likely path).
-    `per_round`: the most nodes DySpec adds per draft forward past a node whose law is still unknown (None: a
-    quarter of the budget)."""
+    `per_round`: the most nodes DySpec adds per draft forward past a node whose law is still unknown (None or 0:
+    one per 16 nodes of the budget, so up to 16 nodes the tree is exactly best-first)."""
 
     def __init__(self, model, processing: Processing, *, construction: str = "static", shape: Sequence[int] | None = None,
                  budget: int = 16, max_depth: int | None = None, top_k: int = 4, depth: int = 5,
@@ -52,11 +52,11 @@ class TreeDrafter(ModelDrafter):
             raise InvalidRequest("a static tree needs a shape (parent array)")
         if budget < 1:
             raise InvalidRequest(f"tree budget must be >= 1, got {budget}")
-        if rank_temperature <= 0 or (per_round is not None and per_round < 1):
-            raise InvalidRequest(f"need rank_temperature > 0 and per_round >= 1, got {rank_temperature} and {per_round}")
+        if rank_temperature <= 0 or (per_round is not None and per_round < 0):
+            raise InvalidRequest(f"need rank_temperature > 0 and per_round >= 0, got {rank_temperature} and {per_round}")
         self.construction, self.budget, self.max_depth, self.top_k, self.depth = (
             construction, budget, max_depth, top_k, depth)
-        self.per_round = per_round or -(-budget // 4)
+        self.per_round = per_round or -(-budget // 16)
         self.shape = None if shape is None else list(shape)
         sampled = not processing.greedy and construction != "eagle2"
         self.siblings = "without_replacement" if sampled else "deterministic"

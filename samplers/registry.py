@@ -163,8 +163,8 @@ register(MethodSpec("dyspec", "text", True,
                            Knob("rank_temperature", float, 0.1, "at temperature 0, the temperature of the draft law "
                                 "whose path probabilities rank candidate nodes (the shipped code draft's plain softmax "
                                 "underrates its first choice)", 0.01, 10.0),
-                           Knob("per_round", int, 2, "most nodes added per draft forward past a node whose law is "
-                                "still unknown (1: exact best-first)", 1, 256))))
+                           Knob("per_round", int, 0, "most nodes added per draft forward past a node whose law is "
+                                "still unknown (1: exact best-first; 0: one per 16 nodes of the budget)", 0, 256))))
 register(MethodSpec("eagle2", "text", True,
                     "EAGLE-2's dynamic tree from a draft model: top-k expansion per depth, global re-ranking to the "
                     "node budget; candidates verified by the deterministic tree rule (as EAGLE does)",

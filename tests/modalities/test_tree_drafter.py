@@ -117,7 +117,7 @@ def test_knobs_are_checked(generator):
         generator.generate("ab", method="sequoia", accept_probs="0.9,0.5", max_new_tokens=4)
     with pytest.raises(InvalidRequest):
         generator.generate("ab", method="dyspec", tree_budget=0, max_new_tokens=4)
-    for bad in ({"rank_temperature": 0.0}, {"per_round": 0}):
+    for bad in ({"rank_temperature": 0.0}, {"per_round": -1}):
         with pytest.raises(InvalidRequest):
             generator.generate("ab", method="dyspec", max_new_tokens=4, **bad)
     assert parse_accept_probs("0.5, 0.2") == [0.5, 0.2]
