@@ -757,6 +757,22 @@ def _pool(total: SpecStats, run: SpecStats) -> None:
         total.accepted_at[d] += accepted
 
 
+def script_record(script: str, args) -> dict:
+    """The fields a benchmark script's record starts with: its command line (from its parsed arguments, --out left
+    out), the CPU, the thread count and torch's version."""
+    command = f"python benchmarks/{script} " + " ".join(
+        f"--{name.replace('_', '-')} {value}" for name, value in vars(args).items() if name != "out")
+    return {"command": command, "cpu": _cpu_model(), "threads": args.threads, "torch": torch.__version__}
+
+
+def save_record(out: Path, result: dict, markdown) -> None:
+    """A benchmark script's record: OUT.json and OUT.md (`markdown(result)`), the table printed as well."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+
+
 def write_outputs(result: dict, out_dir: Path, timestamp: str, label: str = "text") -> dict[str, Path]:
     """bench-<label>-<timestamp>.{json,md,png} and copies as <label>-latest.*; the label is `text-gemma` for
     Gemma 3 270M so its figures sit beside the code model's instead of replacing them."""

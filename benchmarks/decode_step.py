@@ -13,7 +13,6 @@ OUT.md.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ def main() -> None:
 
     import torch
 
-    from specgen.app.bench_text import _cpu_model
+    from specgen.app.bench_text import save_record, script_record
     from specgen.modalities.text.generator import load_causal_lm
     from specgen.modalities.transformers_adapter import TransformersTarget
 
@@ -76,17 +75,12 @@ def main() -> None:
         return round(1e3 * statistics.median(samples), 3)
 
     result = {
-        "command": "python benchmarks/decode_step.py " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
-        "cpu": _cpu_model(), "threads": args.threads, "torch": torch.__version__, "model": args.model, "context": CONTEXT, "repeats": args.repeats,
+        **script_record("decode_step.py", args), "model": args.model, "context": CONTEXT, "repeats": args.repeats,
         "forward_ms": {path: {n: ms(v) for n, v in rows.items()} for path, rows in forward.items()},
         "prefill_ms": {path: {n: ms(v) for n, v in rows.items()} for path, rows in prefill.items()},
         "kernel_window_equals_single_steps": bitwise,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
+    save_record(args.out, result, markdown)
 
 
 def markdown(result: dict) -> str:

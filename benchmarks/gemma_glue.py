@@ -12,7 +12,6 @@ window the same logits bit for bit. Needs the gemma extra. Writes OUT.json and O
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ def main() -> None:
 
     import torch
 
-    from specgen.app.bench_text import _cpu_model
+    from specgen.app.bench_text import save_record, script_record
     from specgen.kernels import int8_rows
     from specgen.modalities.text import gemma
     from specgen.modalities.transformers_adapter import TransformersTarget
@@ -76,18 +75,12 @@ def main() -> None:
         return round(1e3 * how(samples), 2)
 
     result = {
-        "command": "python benchmarks/gemma_glue.py " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
-        "cpu": _cpu_model(), "threads": args.threads, "torch": torch.__version__, "context": CONTEXT,
-        "repeats": args.repeats,
+        **script_record("gemma_glue.py", args), "context": CONTEXT, "repeats": args.repeats,
         "median_ms": {path: {n: ms(v, statistics.median) for n, v in rows.items()} for path, rows in times.items()},
         "fastest_ms": {path: {n: ms(v, min) for n, v in rows.items()} for path, rows in times.items()},
         "glue_equals_torch_bitwise": bitwise,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
+    save_record(args.out, result, markdown)
 
 
 def markdown(result: dict) -> str:
