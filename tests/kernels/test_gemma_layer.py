@@ -4,21 +4,26 @@ the same logits bit for bit for prompts, chain windows, a tree and a ragged batc
 import pytest
 import torch
 
-from specgen.kernels import gemma_layer
+from specgen.kernels import ancestor_mask, gemma_layer
 from specgen.modalities.int8_linear import quantize_model
 from specgen.modalities.transformers_adapter import TransformersTarget
+from specgen.samplers import trees
 from tiny_models import tiny_gemma3
 
+LENGTHS = (6, 13, 9)  # ragged rows, the longest past the sliding window of 8
+
 pytestmark = pytest.mark.skipif(not gemma_layer.available(), reason="the CPU kernel does not build here")
+
+
+def _prompt(model, length: int) -> torch.Tensor:
+    return torch.randint(0, model.config.vocab_size, (length,), generator=torch.Generator().manual_seed(length))
 
 
 def _engine(model, glue: bool) -> TransformersTarget:
     engine = TransformersTarget(model, capacity=128)
     assert engine.runner.uses_glue()
     engine.runner._glue = glue
-    vocab = model.config.vocab_size
-    engine.prefill([torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(length))
-                    for length in (6, 13, 9)])  # ragged rows, the longest past the sliding window of 8
+    engine.prefill([_prompt(model, length) for length in LENGTHS])
     return engine
 
 
@@ -32,13 +37,10 @@ def _forwards(engine) -> list[torch.Tensor]:
         engine.commit(torch.arange(window)[None] <= torch.tensor([[0], [window - 1], [window // 2]]), rows)
     # a tree: node 0 the pending token, 1 and 2 its children, 3 a child of 2
     parents = [-1, 0, 0, 2]
-    mask = torch.eye(4, dtype=torch.bool)
-    for node, parent in enumerate(parents):
-        while parent >= 0:
-            mask[node, parent], parent = True, parents[parent]
+    mask = ancestor_mask(torch.tensor([parents])).expand(3, 4, 4)
     tokens = torch.randint(0, vocab, (3, 4), generator=torch.Generator().manual_seed(9))
-    depth = torch.tensor([0, 1, 1, 2])
-    out.append(engine.score(tokens, engine.cache.lengths[:, None] + depth, rows, mask.expand(3, 4, 4)))
+    depth = torch.tensor(trees.depths_of(parents))
+    out.append(engine.score(tokens, engine.cache.lengths[:, None] + depth, rows, mask))
     return out
 
 
@@ -58,9 +60,7 @@ def test_a_row_gets_the_same_bits_alone_as_in_the_batch():
     for row in range(3):
         alone = TransformersTarget(model, capacity=128)
         alone.runner._glue = True
-        prompt = torch.randint(0, model.config.vocab_size, ((6, 13, 9)[row],),
-                               generator=torch.Generator().manual_seed((6, 13, 9)[row]))
-        alone.prefill([prompt])
+        alone.prefill([_prompt(model, LENGTHS[row])])
         for slot in range(4):  # one slot at a time, as plain decoding scores them
             logits = alone.score(tokens[row:row + 1, slot:slot + 1], positions[row:row + 1, slot:slot + 1],
                                  torch.tensor([0]))

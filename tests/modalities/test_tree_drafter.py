@@ -86,13 +86,7 @@ def test_a_sharper_ranking_law_grows_dyspec_along_the_likely_path(pair):
         drafter = TreeDrafter(draft, Processing(temperature=0.0), construction="dyspec", budget=8, max_depth=8,
                               rank_temperature=rank_temperature, per_round=1)
         tree = drafter.propose(DecodeContext(contexts, torch.arange(2), torch.arange(2), seed=0), 8)
-        parents = tree.parents.tolist()
-        depth = [[0] * len(row) for row in parents]
-        for r, row in enumerate(parents):
-            for node in range(1, len(row)):
-                if row[node] >= 0:
-                    depth[r][node] = depth[r][row[node]] + 1
-        depths[rank_temperature] = sum(max(row) for row in depth)
+        depths[rank_temperature] = sum(max(trees.depths_of(row)) for row in tree.parents.tolist())
     assert depths[0.1] > depths[1.0], depths
 
 
