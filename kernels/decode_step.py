@@ -156,6 +156,96 @@ static void rope(float* x, const float* cs, const float* sn, int64_t hd) {
   std::memcpy(x, tmp, hd * sizeof(float));
 }
 
+// e^x in 8 lanes for x <= 0 (scores less their maximum): x = n ln2 + r with |r| <= ln2 / 2, e^r by Cephes' expf
+// polynomial, 2^n put into the exponent bits; x below -87.3 counts as -87.3 (e^x ~ 1e-38, not 0). About 1 ulp.
+static inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // ln 2 in two parts: r stays exact
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(x, x), x), _mm256_set1_ps(1.f));
+  const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(two_n));
+}
+
+// One query's attention over `count` keys (cache slots seen[c] of one row and head): softmax(scale q.k) v into
+// out[hd]. Keys are scored eight at a time, each by one FMA chain over the head and one fixed reduction tree;
+// weights come from `exp8`; weighted values are summed in key order. A key's arithmetic is the same wherever it
+// sits in the list, so a token gets the same bits alone, in a window or in a batch. `scores` holds count
+// rounded up to 8 floats. B = hd / 8 (0: read hd at run time, hd a multiple of 8 up to 512).
+template <int B>
+static void attend(const float* q, const float* kbase, const float* vbase, const int64_t* seen, int64_t count,
+                   int64_t ksl, int64_t vsl, int64_t hd, float scale, float* scores, float* out) {
+  const int64_t blocks = B ? B : hd / 8;
+  for (int64_t c0 = 0; c0 < count; c0 += 8) {
+    const float* k[8];  // past the end: the last key again, its score discarded
+    for (int j = 0; j < 8; ++j) k[j] = kbase + seen[c0 + j < count ? c0 + j : count - 1] * ksl;
+    __m256 acc[8];
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b) {
+      const __m256 qb = _mm256_loadu_ps(q + 8 * b);
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k[j] + 8 * b), acc[j]);
+    }
+    // key j: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) of acc[j], the same tree for every j
+    const __m256 s01 = _mm256_hadd_ps(acc[0], acc[1]), s23 = _mm256_hadd_ps(acc[2], acc[3]);
+    const __m256 s45 = _mm256_hadd_ps(acc[4], acc[5]), s67 = _mm256_hadd_ps(acc[6], acc[7]);
+    const __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
+    const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20),
+                                     _mm256_permute2f128_ps(s0123, s4567, 0x31));
+    _mm256_storeu_ps(scores + c0, _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
+  }
+  float top = -INFINITY;
+  for (int64_t c = 0; c < count; ++c) top = scores[c] > top ? scores[c] : top;
+  __m256 total8 = _mm256_setzero_ps();
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t c0 = 0; c0 < count; c0 += 8) {  // the weights replace the scores
+    __m256 w = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + c0), _mm256_set1_ps(top)));
+    const __m256i here = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(count - c0)), lane);
+    w = _mm256_and_ps(w, _mm256_castsi256_ps(here));
+    _mm256_storeu_ps(scores + c0, w);
+    total8 = _mm256_add_ps(total8, w);
+  }
+  float l[8];
+  _mm256_storeu_ps(l, total8);
+  const float total = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+  __m256 acc[B ? B : 64];
+  for (int64_t b = 0; b < blocks; ++b) acc[b] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < count; ++c) {
+    const __m256 w = _mm256_set1_ps(scores[c]);
+    const float* v = vbase + seen[c] * vsl;
+    for (int64_t b = 0; b < blocks; ++b) acc[b] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * b), acc[b]);
+  }
+  const __m256 divisor = _mm256_set1_ps(total);
+  for (int64_t b = 0; b < blocks; ++b) _mm256_storeu_ps(out + 8 * b, _mm256_div_ps(acc[b], divisor));
+}
+
+// The same for any head size, one key at a time with libm's exp
+static void attend_scalar(const float* q, const float* kbase, const float* vbase, const int64_t* seen,
+                          int64_t count, int64_t ksl, int64_t vsl, int64_t hd, float scale, float* scores,
+                          float* out) {
+  float top = -INFINITY;
+  for (int64_t c = 0; c < count; ++c) {
+    scores[c] = scale * dot(q, kbase + seen[c] * ksl, hd);
+    top = scores[c] > top ? scores[c] : top;
+  }
+  float total = 0.f;
+  std::vector<float> acc(hd, 0.f);
+  for (int64_t c = 0; c < count; ++c) {
+    const float wgt = std::exp(scores[c] - top);
+    total += wgt;
+    const float* vv = vbase + seen[c] * vsl;
+    for (int64_t i = 0; i < hd; ++i) acc[i] = std::fma(wgt, vv[i], acc[i]);
+  }
+  for (int64_t i = 0; i < hd; ++i) out[i] = acc[i] / total;
+}
+
 // x [R, d] -> scale * x / sqrt(mean(x^2) + eps), row by row (a Gemma norm's (1 + w) scale, or a Llama norm's w)
 torch::Tensor rms_norm_rows(torch::Tensor x, torch::Tensor scale, double eps) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && scale.dtype() == torch::kFloat32 && x.is_contiguous()
@@ -217,7 +307,7 @@ torch::Tensor decode_layers(torch::Tensor hidden, torch::Tensor positions, torch
     }
   }
   std::vector<float> x(T * d), qkv(T * width), att(T * qs), proj(T * d), gu(T * 2 * inter), act(T * inter);
-  std::vector<float> scores(longest), acc(head_dim);
+  std::vector<float> scores(longest + 8);
   for (int64_t l = 0; l < layers; ++l) {
     const float* norm_in = weights[6 * l].data_ptr<float>();
     const float* w_qkv = weights[6 * l + 1].data_ptr<float>();
@@ -242,28 +332,18 @@ torch::Tensor decode_layers(torch::Tensor hidden, torch::Tensor positions, torch
                     head_dim * sizeof(float));
       }
     }
-    for (int64_t t = 0; t < T; ++t) {
-      const float* q = qkv.data() + t * width;
-      const std::vector<int64_t>& seen = cols[t];  // in slot order: the cache, then the window
-      const int64_t count = (int64_t)seen.size();
-      for (int64_t a = 0; a < heads; ++a) {
-        const int64_t g = a / group;
-        const float* kbase = kc + row_of[t] * kb + g * kh;
-        const float* vbase = vc + row_of[t] * vb + g * vh;
-        float top = -INFINITY;
-        for (int64_t c = 0; c < count; ++c) {
-          scores[c] = scale * dot(q + a * head_dim, kbase + seen[c] * ksl, head_dim);
-          top = scores[c] > top ? scores[c] : top;
-        }
-        float total = 0.f;
-        std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t c = 0; c < count; ++c) {
-          const float wgt = std::exp(scores[c] - top);
-          total += wgt;
-          const float* vv = vbase + seen[c] * vsl;
-          for (int64_t i = 0; i < head_dim; ++i) acc[i] = std::fma(wgt, vv[i], acc[i]);
-        }
-        for (int64_t i = 0; i < head_dim; ++i) att[t * qs + a * head_dim + i] = acc[i] / total;
+    auto attend_head = head_dim == 64 ? attend<8> : head_dim == 32 ? attend<4> : head_dim == 128 ? attend<16>
+                     : head_dim % 8 == 0 ? attend<0> : attend_scalar;
+    // heads outside, tokens inside: a row's window slots are consecutive tokens, so one head's keys and values
+    // of the row are read from memory once and stay in cache for the row's other slots (a wide window or a tree
+    // would otherwise stream the row's whole cache once per slot)
+    for (int64_t a = 0; a < heads; ++a) {
+      const int64_t g = a / group;
+      for (int64_t t = 0; t < T; ++t) {
+        const std::vector<int64_t>& seen = cols[t];  // in slot order: the cache, then the window
+        attend_head(qkv.data() + t * width + a * head_dim, kc + row_of[t] * kb + g * kh, vc + row_of[t] * vb + g * vh,
+                    seen.data(), (int64_t)seen.size(), ksl, vsl, head_dim, scale, scores.data(),
+                    att.data() + t * qs + a * head_dim);
       }
     }
     matvec(w_out, att.data(), proj.data(), T, d, qs);
@@ -322,19 +402,22 @@ def _static_rope(rotary) -> bool:
     return hasattr(rotary, "inv_freq") and "dynamic" not in kind and kind != "longrope"
 
 
-def decode(runner, hidden: torch.Tensor, positions: torch.Tensor, cache,
-           window_mask: torch.Tensor | None = None) -> torch.Tensor:
+def decode(runner, hidden: torch.Tensor, positions: torch.Tensor, cache, window_mask: torch.Tensor | None = None,
+           rows: torch.Tensor | None = None, starts: torch.Tensor | None = None) -> torch.Tensor:
     """hidden [rows, n, d] input vectors, positions [rows, n]; writes each layer's keys and values at the row's
     slots `cache.lengths[row]` onwards (as `PositionCache.update` would) and returns the final-normed
     [rows, n, d]. Slot j attends to the row's cache and to window slots 0..j, or to those `window_mask`
-    [rows, n, n] (bool) marks (a tree's ancestors)."""
+    [rows, n, n] (bool) marks (a tree's ancestors). `rows` and `starts` [rows] override the cache rows
+    (`cache.rows`) and their first new slots (their lengths): a packed ragged window (`LlamaRunner`)."""
     weights, final_norm, eps, scales, inv_freq, rope_scaling = _arguments(runner)
     _ensure_storage(runner, cache, hidden)
-    rows, layers = cache.rows, range(len(runner.layers))
+    rows = cache.rows if rows is None else rows
+    starts = cache.lengths[rows] if starts is None else starts
+    layers = range(len(runner.layers))
     mask = _NO_MASK if window_mask is None else window_mask.to(torch.bool).contiguous()
     return load().decode_layers(hidden.contiguous(), positions.contiguous(), inv_freq, rope_scaling, weights,
                                 final_norm, [cache.keys[i] for i in layers], [cache.values[i] for i in layers],
-                                rows.contiguous(), cache.lengths[rows], mask, runner.heads, runner.kv_heads,
+                                rows.contiguous(), starts.contiguous(), mask, runner.heads, runner.kv_heads,
                                 runner.head_dim, eps, scales)
 
 

@@ -62,11 +62,17 @@ class LlamaRunner:
 
     @torch.no_grad()
     def forward(self, tokens, positions, cache, attention_mask, logits_to_keep: int = 0,
-                window_mask: torch.Tensor | None = None) -> torch.Tensor:
+                window_mask: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
         """tokens, positions: [rows, n]; attention_mask: additive [rows, 1, n, width] (torch path); window_mask:
-        [rows, n, n] bool (the compiled path, None: causal). Returns logits. With `keep_hidden` set, the
+        [rows, n, n] bool (the compiled path, None: causal); valid: [rows] real slots of a ragged causal window
+        (the compiled path skips the rest; their logits are zero). Returns logits. With `keep_hidden` set, the
         final-normed hidden states of every slot are kept in `last_hidden` (the features an EAGLE-style draft
         head reads)."""
+        if valid is not None and window_mask is None and not logits_to_keep and decode_step.usable(
+                self, self.embed.dtype, attention_mask, tokens.shape[0] * tokens.shape[1]):
+            keep = torch.arange(tokens.shape[1]) < valid[:, None]  # [rows, n]
+            if not bool(keep.all()):
+                return self._forward_packed(tokens, positions, cache, keep)
         hidden = self.forward_hidden(F.embedding(tokens, self.embed), positions, cache, attention_mask,
                                      window_mask=window_mask)
         if self.keep_hidden:
@@ -77,6 +83,20 @@ class LlamaRunner:
         if decode_step.usable(self, kept.dtype, attention_mask, kept.shape[0] * kept.shape[1]):  # the same tiled products
             return decode_step.linear_rows(kept, self.lm_head)
         return self._linear(kept, self.lm_head)
+
+    def _forward_packed(self, tokens, positions, cache, keep: torch.Tensor) -> torch.Tensor:
+        """A ragged window's real slots only, each as a one-slot row of the compiled step: slot j of a row is
+        written at the row's length + j and attends to that row's cache up to itself, which by then holds the
+        window's earlier slots (a layer writes every slot's keys before any slot attends). Each slot therefore
+        sees the keys, in the order, it sees in the padded window, and gets the same bits; padding costs nothing."""
+        rows = cache.rows[:, None].expand_as(keep)[keep]  # [slots]
+        starts = (cache.lengths[cache.rows][:, None] + torch.arange(keep.shape[1]))[keep]
+        hidden = decode_step.decode(self, F.embedding(tokens[keep][:, None], self.embed), positions[keep][:, None],
+                                    cache, rows=rows, starts=starts)[:, 0]  # [slots, d]
+        if self.keep_hidden:
+            self.last_hidden = hidden.new_zeros(*keep.shape, hidden.shape[-1]).index_put_((keep,), hidden)
+        logits = self.head(hidden) if self.head is not None else decode_step.linear_rows(hidden, self.lm_head)
+        return logits.new_zeros(*keep.shape, logits.shape[-1]).index_put_((keep,), logits)
 
     @torch.no_grad()
     def forward_hidden(self, hidden, positions, cache, attention_mask, kernel: bool = True,

@@ -162,8 +162,8 @@ class TransformersTarget:
         self.cache.commit(valid)
 
     def score(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
-              tree_mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self._forward(tokens, positions, rows, tree_mask)  # None: a causal window
+              tree_mask: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
+        return self._forward(tokens, positions, rows, tree_mask, valid=valid)  # None: a causal window
 
     def commit(self, kept: torch.Tensor, rows: torch.Tensor) -> None:
         self.cache.rows = rows
@@ -175,9 +175,9 @@ class TransformersTarget:
         return isinstance(self.runner, llama_runner.LlamaRunner) and self.runner.matmul_dtype is not None
 
     @torch.no_grad()  # not inference_mode: the cache tensors are updated in place later
-    def _forward(self, tokens, positions, rows, window_mask, logits_to_keep=0):
+    def _forward(self, tokens, positions, rows, window_mask, logits_to_keep=0, valid=None):
         """tokens/positions: [rows, n]; window_mask: [rows, n, n] bool (slot attends to slot), None for a causal
-        window. Float `tokens` [rows, n, d] are input vectors (an EAGLE head's fused inputs): the result is then the
+        window; valid: [rows] real slots of a ragged causal window (the compiled step skips the padding). Float `tokens` [rows, n, d] are input vectors (an EAGLE head's fused inputs): the result is then the
         final-normed hidden states, not logits (Llama runner only)."""
         self.forward_calls += 1
         n = tokens.shape[1]
@@ -191,7 +191,8 @@ class TransformersTarget:
                 tokens, positions, self.cache, mask, logits_to_keep, **window)
         if (self.runner is not None and self.sliding_window is None
                 and decode_step.usable(self.runner, self.dtype, None, tokens.shape[0] * n)):
-            return run(None, window_mask=window_mask)  # the compiled step reads each row's length and the mask itself
+            packed = {"valid": valid} if valid is not None and not tokens.is_floating_point() else {}
+            return run(None, window_mask=window_mask, **packed)  # the compiled step reads each row's length and the mask itself
         plain = n == 1 or window_mask is None  # every slot sees its row's cache and the window's earlier slots
         if (self.runner is not None and plain and (self.sliding_window is None or width <= self.sliding_window)
                 and self.cache.common_start is not None and (n == 1 or self._attends_causally())):

@@ -37,13 +37,13 @@ class GuidedTarget:
         self.last_prompt_position = torch.tensor([len(p) - 1 for p in prompts])
         self.inner.prefill(list(prompts) + uncond)
 
-    def score(self, tokens, positions, rows, tree_mask=None):
+    def score(self, tokens, positions, rows, tree_mask=None, valid=None):
         both = lambda x: None if x is None else torch.cat([x, x])  # noqa: E731
         uncond_tokens = tokens.clone()
         first = positions[:, 0] == self.last_prompt_position[rows]  # [rows] slot 0 is still the prompt's last token
         uncond_tokens[first, 0] = self.uncond_last[rows][first]
         logits = self.inner.score(torch.cat([tokens, uncond_tokens]), both(positions),
-                                  torch.cat([rows, rows + self.batch]), both(tree_mask))
+                                  torch.cat([rows, rows + self.batch]), both(tree_mask), both(valid))
         cond, uncond = logits.split(len(rows))
         return cond, uncond
 

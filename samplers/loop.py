@@ -71,6 +71,7 @@ def verify_step(target: TargetModel, rule: AcceptanceRule, proposal: Draft | Dra
     Returns the verdict and the window size (slots scored per row)."""
     pending = torch.tensor([int(t[-1]) for t in ctx.tokens])  # [rows] last committed token, not yet cached
     random = getattr(rule, "uses_noise", True)  # greedy matching needs no randomness
+    valid = None
     start = ctx.next_positions - 1  # [rows] its position
     if isinstance(proposal, DraftTree):
         if bool((proposal.tokens[:, 0] != pending).any()):
@@ -84,6 +85,7 @@ def verify_step(target: TargetModel, rule: AcceptanceRule, proposal: Draft | Dra
         drafted_tokens = proposal.tokens[drafted]
         tokens = torch.cat([pending[:, None], torch.where(drafted, proposal.tokens, pending[:, None])], 1)
         mask = None  # tokens: [rows, k + 1]
+        valid = proposal.drafted() + 1 if bool((~drafted).any()) else None  # ragged rows: padding may be skipped
         positions = start[:, None] + torch.arange(tokens.shape[1])
         noise = chain_noise(ctx.seed, ctx.sample_ids, start, proposal.length) if random else None
     if tokens.shape[0] != len(ctx.tokens):
@@ -96,7 +98,7 @@ def verify_step(target: TargetModel, rule: AcceptanceRule, proposal: Draft | Dra
         if mask is not None:
             raise InvalidRequest("a prefix constraint needs chain drafts, not trees")
         routes = prefix_routes(processing.constraint, ctx.tokens, tokens[:, 1:].tolist())
-    scores = target.score(tokens, positions, ctx.rows, mask)
+    scores = target.score(tokens, positions, ctx.rows, mask, valid)
     cond, uncond = scores if isinstance(scores, tuple) else (scores, None)
     target_probs = processing(cond, positions + 1, uncond, routes)  # slot i is the law of the token at position i + 1
     if random:  # the token emitted at slot (or node) i lands at positions[:, i] + 1: more noise is keyed there

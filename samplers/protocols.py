@@ -23,9 +23,12 @@ class TargetModel(Protocol):
     def prefill(self, prompts: Sequence[torch.Tensor]) -> None: ...
 
     def score(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
-              tree_mask: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+              tree_mask: torch.Tensor | None = None,
+              valid: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """tokens, positions: [rows, n]; tree_mask: [rows, n, n] ancestor mask or None for a causal chain.
-        Returns logits [rows, n, vocab] (or (cond, uncond) for guided models); slot i predicts position i + 1."""
+        valid: [rows] for ragged chains, the real slots of each row (the rest pad the window to n); a target may
+        skip the padding, whose scores are never read. Returns logits [rows, n, vocab] (or (cond, uncond) for
+        guided models); slot i predicts position i + 1."""
         ...
 
     def commit(self, kept: torch.Tensor, rows: torch.Tensor) -> None:

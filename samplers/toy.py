@@ -56,7 +56,7 @@ class TableTarget:
     def prefill(self, prompts) -> None:
         self.cache = [[int(t) for t in p[:-1]] for p in prompts]
 
-    def score(self, tokens, positions, rows, tree_mask=None):
+    def score(self, tokens, positions, rows, tree_mask=None, valid=None):  # scores the padding too
         self.forward_calls += 1
         batch, n = tokens.shape
         if tree_mask is None:  # a causal chain

@@ -10,9 +10,9 @@ from specgen.modalities.transformers_adapter import TransformersTarget
 pytestmark = pytest.mark.skipif(not decode_step.available(), reason="the CPU kernel does not build here")
 
 
-def _model(kv_heads: int, layers: int, dtype=torch.float32) -> LlamaForCausalLM:
+def _model(kv_heads: int, layers: int, dtype=torch.float32, heads: int = 4, hidden: int = 128) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=128, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
+    config = LlamaConfig(hidden_size=hidden, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=heads,
                          num_key_value_heads=kv_heads, vocab_size=50, max_position_embeddings=256)
     return LlamaForCausalLM(config).to(dtype).eval()
 
@@ -35,9 +35,14 @@ def _run(engine, window: int, steps: int):
     return torch.stack(logits), engine.cache
 
 
-@pytest.mark.parametrize("kv_heads,layers,window", [(1, 1, 1), (4, 2, 1), (2, 3, 1), (2, 2, 4)])
-def test_kernel_matches_the_torch_forward(kv_heads, layers, window):
-    model = _model(kv_heads, layers)
+@pytest.mark.parametrize("kv_heads,layers,window,heads,hidden", [
+    (1, 1, 1, 4, 128), (4, 2, 1, 4, 128), (2, 3, 1, 4, 128), (2, 2, 4, 4, 128),
+    (1, 2, 3, 2, 128),  # head size 64
+    (4, 1, 3, 8, 128),  # 16: the attention's run-time head size
+    (2, 1, 3, 8, 96),  # 12: not a multiple of 8, one key at a time
+])
+def test_kernel_matches_the_torch_forward(kv_heads, layers, window, heads, hidden):
+    model = _model(kv_heads, layers, heads=heads, hidden=hidden)
     (fast, fast_cache), (slow, slow_cache) = (_run(_engine(model, kernel), window, 40) for kernel in (True, False))
     assert torch.allclose(fast, slow, atol=2e-5, rtol=0), (fast - slow).abs().max()
     length = int(slow_cache.lengths.max())
@@ -68,6 +73,34 @@ def test_rows_at_different_lengths_each_write_and_read_their_own_slots(window):
     assert torch.equal(fast.lengths, slow.lengths)
     for row, length in enumerate(slow.lengths.tolist()):
         assert torch.allclose(fast.keys[1][row, :, :length], slow.keys[1][row, :, :length], atol=2e-5)
+
+
+@pytest.mark.parametrize("heads", [4, 2])  # head sizes 32 and 64
+def test_a_ragged_window_skips_its_padding_and_scores_the_same_bits(heads):
+    """Rows drafting different numbers of tokens: with `valid`, only the real slots go through the kernel (each as a
+    one-slot row at its own cache slot), bit for bit as in the padded window, padding scored zero; the keys kept
+    afterwards are the same, and so is the next step."""
+    model = _model(2, 2, heads=heads)
+    engines = [_engine(model, True) for _ in range(2)]
+    valid = torch.tensor([5, 2, 1])
+    kept = torch.arange(5) < torch.tensor([4, 2, 1])[:, None]
+    outputs = []
+    for engine, packed in zip(engines, (True, False)):
+        step = []
+        for seed in (9, 10):
+            tokens = torch.randint(0, 50, (3, 5), generator=torch.Generator().manual_seed(seed))
+            positions = engine.cache.lengths[:, None] + torch.arange(5)
+            step.append(engine.score(tokens, positions, torch.arange(3), None, valid if packed else None))
+            engine.commit(kept, torch.arange(3))
+        outputs.append(torch.stack(step))
+    packed, padded = outputs
+    real = torch.arange(5) < valid[:, None]  # [rows, 5]
+    assert torch.equal(packed[:, real], padded[:, real])
+    assert not packed[:, ~real].any()
+    fast, slow = (engine.cache for engine in engines)
+    assert torch.equal(fast.lengths, slow.lengths)
+    for row, length in enumerate(slow.lengths.tolist()):
+        assert torch.equal(fast.keys[1][row, :, :length], slow.keys[1][row, :, :length])
 
 
 def test_only_float32_runners_that_opt_in_use_it():
