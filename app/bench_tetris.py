@@ -3,10 +3,13 @@
     python -m specgen.app.bench_tetris [--batch-size 8] [--capacity 16] [--max-draft 6] [--max-new-tokens 96]
 
 One batch of `--batch-size` text prompts (from benchmarks/prompts/text.jsonl, cycled) is decoded to the same
-number of new tokens by: plain decoding (`ar`); a draft-model chain of fixed length γ = capacity / batch per row
-(`fixed`: the budget spread evenly); and TETRIS (`tetris`: every row drafts up to `--max-draft`, then the batch
-keeps the `capacity` drafted tokens with the largest cumulative acceptance estimates, so confident rows verify
-long drafts and unsure rows short ones). Both speculative runs verify at most `capacity` drafted tokens per step.
+number of new tokens by: plain decoding (`ar`); a chain of fixed length γ = capacity / batch per row (`fixed`: the
+budget spread evenly); and TETRIS (`tetris`: every row drafts up to `--max-draft`, then the batch keeps the
+`capacity` drafted tokens with the largest cumulative acceptance estimates, so confident rows verify long drafts
+and unsure rows short ones). Both speculative runs verify at most `capacity` drafted tokens per step. Drafts come
+from the code draft model (`--drafter model`, estimate: its confidence) or from prompt lookup (`--drafter ngram`,
+estimate: each row's acceptance so far). `--slot-cost` (default: measured on the batch) lets TETRIS leave a draft
+unverified when its estimate does not pay for its slot.
 Reported per run: throughput (committed tokens per second over the whole batch), steps, drafted and accepted
 tokens, and, at temperature 0, whether every row equals plain greedy decoding. Written to
 benchmarks/tetris-{static,steady}-<timestamp>.{json,md} and tetris-{static,steady}-latest.{json,md}.
@@ -55,13 +58,15 @@ def _decode(generator, prompts, drafter, policy, *, max_new_tokens: int, tempera
 
 def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_size: int = 8, capacity: int = 16,
                      max_draft: int = 6, max_new_tokens: int = 96, temperature: float = 0.0, repeats: int = 3,
-                     seed: int = 0, steps: int = 0) -> dict:
+                     seed: int = 0, steps: int = 0, drafter: str = "model", estimate: str | None = None,
+                     slot_cost: float | None = None) -> dict:
     import torch
     from tqdm import tqdm
 
     from specgen.app.bench_text import _cpu_model, _load, benchmarks_dir, load_prompts, source_state
     from specgen.modalities.model_drafter import ModelDrafter
     from specgen.modalities.text.generator import TextGenerator, shipped_code_pair
+    from specgen.modalities.text.ngram import PromptLookupDrafter
     from specgen.samplers.length_policies import TetrisDrafter
     from specgen.samplers.policies import FixedLength
     from specgen.samplers.processing import Processing
@@ -71,6 +76,9 @@ def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_
     if capacity % batch_size:
         raise InvalidRequest(f"capacity {capacity} must be a multiple of the batch size {batch_size}, so that the "
                              "fixed-length baseline spends the same budget")
+    if drafter not in DRAFTERS:
+        raise InvalidRequest(f"unknown drafter {drafter!r}; choose from {', '.join(DRAFTERS)}")
+    estimate = estimate or DRAFTERS[drafter]
     if generator is None:  # the shipped code pair: its draft shares the target's full vocabulary (Gemma's does not)
         generator = TextGenerator(*shipped_code_pair())
     prompts_path = prompts_path or benchmarks_dir() / "prompts" / "text.jsonl"
@@ -78,14 +86,19 @@ def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_
     batch = [texts[i % len(texts)] for i in range(batch_size)]
     vocab = generator.model.config.vocab_size
 
-    def model_drafter():
+    def chain_drafter():
+        if drafter == "ngram":
+            return PromptLookupDrafter()
         return ModelDrafter(generator.draft_model, Processing(temperature=temperature), target_vocab_size=vocab)
 
     gamma = capacity // batch_size
+    if slot_cost is None:  # TETRIS's cut: what a verified slot costs, measured on this batch
+        slot_cost = measure_slot_cost(generator, batch)
     configs = {
         "ar": lambda: (None, FixedLength(0)),
-        f"fixed (γ = {gamma})": lambda: (model_drafter(), FixedLength(gamma)),
-        f"tetris (≤ {max_draft})": lambda: (TetrisDrafter(model_drafter(), capacity), FixedLength(max_draft)),
+        f"fixed (γ = {gamma})": lambda: (chain_drafter(), FixedLength(gamma)),
+        f"tetris (≤ {max_draft})": lambda: (TetrisDrafter(chain_drafter(), capacity, estimate, slot_cost=slot_cost),
+                                             FixedLength(max_draft)),
     }
     load_before = _load()
     runs: dict[str, list[dict]] = {name: [] for name in configs}
@@ -111,11 +124,45 @@ def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_
     fixed, tetris = (table[n] for n in list(configs)[1:])
     return {"table": table, "tetris_over_fixed": tetris["tokens_per_s"] / fixed["tokens_per_s"],
             "env": {"timestamp_utc": datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"), **source_state(),
-                    "batch_size": batch_size, "capacity": capacity, "steps": steps, "max_draft": max_draft, "gamma": gamma,
+                    "drafter": drafter, "estimate": estimate, "slot_cost": slot_cost, "batch_size": batch_size, "capacity": capacity, "steps": steps, "max_draft": max_draft, "gamma": gamma,
                     "max_new_tokens": max_new_tokens, "temperature": temperature, "repeats": repeats,
                     "prompts": str(prompts_path), "model": str(generator.model_path),
                     "draft": str(generator.draft_path), "threads": torch.get_num_threads(),
                     "cpu_model": _cpu_model(), "load_before": load_before, "load_after": _load()}}
+
+
+def measure_slot_cost(generator, prompts: list[str], window: int = 4, repeats: int = 11) -> float:
+    """A verified slot's cost in units of a step's fixed cost, t_slot / t_0, from the target's forwards over the
+    batch with 1 and `window` slots per row (median of `repeats`): t(n slots) = t_0 + n t_slot."""
+    import time
+
+    import torch
+
+    prompt_ids = [torch.as_tensor(generator.encode(p), dtype=torch.long) for p in prompts]
+    target = generator.target(max(len(p) for p in prompt_ids) + window + 8)
+    rows = torch.arange(len(prompt_ids))
+
+    def forward_s(n: int) -> float:
+        tokens = torch.stack([p[-1:].expand(n) for p in prompt_ids])
+        positions = torch.stack([len(p) - 1 + torch.arange(n) for p in prompt_ids])
+        times = []
+        for _ in range(repeats):
+            target.prefill(prompt_ids)
+            started = time.perf_counter()
+            target.score(tokens, positions, rows)
+            times.append(time.perf_counter() - started)
+        return sorted(times)[len(times) // 2]
+
+    one, wide = forward_s(1), forward_s(window)
+    per_slot = max(wide - one, 0.0) / ((window - 1) * len(prompt_ids))
+    fixed = max(one - per_slot * len(prompt_ids), per_slot)
+    return round(per_slot / fixed, 4)
+
+
+# Each drafter with the TETRIS estimate that suits it: a model's confidence, or the row's acceptance history for
+# prompt lookup (point-mass drafts carry no law to be confident in).
+DRAFTERS = {"model": "confidence", "ngram": "history"}
+_DRAFTER_NAMES = {"model": "the code draft model", "ngram": "prompt lookup in each row's own context"}
 
 
 def _agree(rows: list[list[int]], reference: list[list[int]]) -> bool:
@@ -134,6 +181,9 @@ def render_markdown(result: dict) -> str:
              f"{env['temperature']}, at most {env['capacity']} drafted tokens verified per step "
              f"(fixed: γ = {env['gamma']} per row; TETRIS: up to {env['max_draft']} per row, best {env['capacity']} "
              f"kept); median of {env['repeats']} interleaved repeats.", "",
+             f"Drafter: {_DRAFTER_NAMES.get(env.get('drafter', 'model'))}; TETRIS estimate: "
+             f"{env.get('estimate', 'confidence')}; slot cost {env.get('slot_cost', 0)} (a verified slot's cost over a "
+             "step's fixed cost: drafts whose estimate does not pay for their slot are not verified).", "",
              "| run | tokens/s | vs ar | steps | drafted | accepted | identical to ar |", "|---|---|---|---|---|---|---|"]
     for name, row in result["table"].items():
         same = row.get("identical_to_ar")
@@ -156,6 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=96, help="static batch (--steps 0): tokens per row")
     p.add_argument("--steps", type=int, default=0,
                    help="run this many verification steps instead, rows never finishing (default: 0, off)")
+    p.add_argument("--drafter", choices=list(DRAFTERS), default="model",
+                   help="model: the shipped code draft; ngram: prompt lookup in each row's own context")
+    p.add_argument("--estimate", choices=["confidence", "history"], default=None,
+                   help="TETRIS's acceptance estimate (default: confidence for model, history for ngram)")
+    p.add_argument("--slot-cost", type=float, default=None,
+                   help="TETRIS: a verified slot's cost over a step's fixed cost; slots whose estimate does not pay "
+                        "for theirs are not verified (default: measured on the batch; 0: always fill the budget)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
@@ -164,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     result = run_bench_tetris(batch_size=a.batch_size, capacity=a.capacity, max_draft=a.max_draft,
                               max_new_tokens=a.max_new_tokens, temperature=a.temperature, repeats=a.repeats,
-                              steps=a.steps)
+                              steps=a.steps, drafter=a.drafter, estimate=a.estimate, slot_cost=a.slot_cost)
     result["env"]["command"] = "python -m specgen.app.bench_tetris " + " ".join(argv if argv is not None
                                                                                 else sys.argv[1:])
     out = a.out_dir or benchmarks_dir()

@@ -31,8 +31,23 @@ def test_tetris_and_fixed_spend_the_same_budget_and_stay_exact(generator, tmp_pa
     assert "TETRIS / fixed throughput" in text and "| ar |" in text
 
 
+def test_prompt_lookup_with_history_estimates_and_a_measured_slot_cost(generator, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "category": "x", "prompt": "abc abc abc abc abc"}\n'
+                       '{"id": "b", "category": "x", "prompt": "xy zw xy zw xy"}\n')
+    result = run_bench_tetris(generator, prompts_path=prompts, batch_size=4, capacity=8, max_draft=6,
+                              repeats=1, steps=6, drafter="ngram")
+    env, table = result["env"], result["table"]
+    assert env["drafter"] == "ngram" and env["estimate"] == "history" and env["slot_cost"] >= 0
+    for row in table.values():
+        assert row["identical_to_ar"] is True and row["drafted"] <= 8 * row["steps"]
+    assert "tetris (≤ 6)" in table
+
+
 def test_bad_budgets_are_clear_errors(generator):
     with pytest.raises(InvalidRequest, match="multiple of the batch size"):
         run_bench_tetris(generator, batch_size=4, capacity=6)
     with pytest.raises(InvalidRequest, match="capacity >= batch_size"):
         run_bench_tetris(generator, batch_size=4, capacity=2)
+    with pytest.raises(InvalidRequest, match="unknown drafter"):
+        run_bench_tetris(generator, batch_size=4, capacity=8, drafter="oracle")
