@@ -10,8 +10,8 @@ and unsure rows short ones). Both speculative runs verify at most `capacity` dra
 from the code draft model (`--drafter model`, estimate: its confidence) or from prompt lookup (`--drafter ngram`,
 estimate: each row's acceptance so far). `--slot-cost` (default: measured on the batch) lets TETRIS leave a draft
 unverified when its estimate does not pay for its slot.
-Reported per run: throughput (committed tokens per second over the whole batch), steps, drafted and accepted
-tokens, and, at temperature 0, whether every row equals plain greedy decoding. Written to
+Reported per run: throughput (committed tokens per second over the whole batch; in the steady state, over steps
+1 onwards, the prefill left out), steps, drafted and accepted tokens, and, at temperature 0, whether every row equals plain greedy decoding. Written to
 benchmarks/tetris-{static,steady}-<timestamp>.{json,md} and tetris-{static,steady}-latest.{json,md}.
 """
 
@@ -31,7 +31,9 @@ from specgen.errors import InvalidRequest
 def _decode(generator, prompts, drafter, policy, *, max_new_tokens: int, temperature: float, seed: int,
             steps: int = 0) -> dict:
     """One batch, every row to max_new_tokens (stop tokens ignored so every run does the same work); with
-    `steps` > 0, only that many verification steps (rows never run out: a server that always has work)."""
+    `steps` > 0, only that many verification steps (rows never run out: a server that always has work), and the
+    throughput is that of steps 1 onwards (the prompts' prefill and step 0, the same work for every run, left
+    out: a steady state has no prefill)."""
     from specgen.samplers.acceptance import make_rule
     from specgen.samplers.loop import speculative_generate
     from specgen.samplers.processing import Processing
@@ -43,17 +45,24 @@ def _decode(generator, prompts, drafter, policy, *, max_new_tokens: int, tempera
     stats = SpecStats()
     tokens: list[list[int]] = [[] for _ in prompts]
     started = time.perf_counter()
+    steady_from, steady_tokens = None, 0  # the end of step 0, and the tokens committed after it
     for event in speculative_generate(generator.target(capacity), drafter,
                                       make_rule("chain", processing), prompt_ids, processing=processing,
                                       max_new_tokens=max_new_tokens, policy=policy, seed=seed, stats=stats):
         if steps and event.step >= steps:
             break
+        if event.step == 0 and steady_from is None:
+            steady_from = time.perf_counter()
         tokens[event.row].extend(event.tokens)
-    wall_s = time.perf_counter() - started
+        steady_tokens += len(event.tokens) if event.step > 0 else 0
+    finished = time.perf_counter()
+    wall_s = finished - started
     summary = stats.summary(method="tetris", lossless=True, wall_s=wall_s)
     committed = sum(len(t) for t in tokens)
-    return {"tokens": tokens, "wall_s": wall_s, "tokens_per_s": committed / wall_s, "steps": summary["steps"],
-            "drafted": summary["drafted"], "accepted": summary["accepted"], "tau": summary["tau"]}
+    throughput = steady_tokens / (finished - steady_from) if steps else committed / wall_s
+    return {"tokens": tokens, "wall_s": wall_s, "tokens_per_s": throughput, "steps": summary["steps"],
+            "drafted": summary["drafted"], "accepted": summary["accepted"], "tau": summary["tau"],
+            "draft_s": summary["draft_s"], "verify_s": summary["verify_s"]}
 
 
 def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_size: int = 8, capacity: int = 16,
@@ -115,7 +124,8 @@ def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_
     table = {}
     for name, items in runs.items():
         table[name] = {key: statistics.median(r[key] for r in items)
-                       for key in ("tokens_per_s", "wall_s", "steps", "drafted", "accepted", "tau")}
+                       for key in ("tokens_per_s", "wall_s", "steps", "drafted", "accepted", "tau", "draft_s",
+                                   "verify_s")}
         if temperature == 0:  # within a step horizon, rows stop at different lengths: compare the common prefix
             table[name]["identical_to_ar"] = all(_agree(r["tokens"], reference) for r in items)
     ar_tps = table["ar"]["tokens_per_s"]
@@ -131,32 +141,48 @@ def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_
                     "cpu_model": _cpu_model(), "load_before": load_before, "load_after": _load()}}
 
 
-def measure_slot_cost(generator, prompts: list[str], window: int = 4, repeats: int = 11) -> float:
-    """A verified slot's cost in units of a step's fixed cost, t_slot / t_0, from the target's forwards over the
-    batch with 1 and `window` slots per row (median of `repeats`): t(n slots) = t_0 + n t_slot."""
+def measure_slot_cost(generator, prompts: list[str], window: int = 5, repeats: int = 15) -> float:
+    """A verified slot's cost in units of the rest of a step, t_slot / (t_step - rows t_slot): t_slot from the
+    target's forwards over the batch with 1 and `window` slots per row, t_step from plain decoding of the batch
+    (its whole step: the forward, the loop, the bookkeeping), so the cut weighs a slot against everything a step
+    costs. Medians of `repeats` alternated measurements."""
     import time
 
     import torch
 
+    from specgen.samplers.acceptance import make_rule
+    from specgen.samplers.loop import speculative_generate
+    from specgen.samplers.processing import Processing
+
     prompt_ids = [torch.as_tensor(generator.encode(p), dtype=torch.long) for p in prompts]
-    target = generator.target(max(len(p) for p in prompt_ids) + window + 8)
+    target = generator.target(max(len(p) for p in prompt_ids) + 64)
     rows = torch.arange(len(prompt_ids))
 
     def forward_s(n: int) -> float:
+        target.prefill(prompt_ids)
         tokens = torch.stack([p[-1:].expand(n) for p in prompt_ids])
         positions = torch.stack([len(p) - 1 + torch.arange(n) for p in prompt_ids])
-        times = []
-        for _ in range(repeats):
-            target.prefill(prompt_ids)
-            started = time.perf_counter()
-            target.score(tokens, positions, rows)
-            times.append(time.perf_counter() - started)
-        return sorted(times)[len(times) // 2]
+        started = time.perf_counter()
+        target.score(tokens, positions, rows)
+        return time.perf_counter() - started
 
-    one, wide = forward_s(1), forward_s(window)
-    per_slot = max(wide - one, 0.0) / ((window - 1) * len(prompt_ids))
-    fixed = max(one - per_slot * len(prompt_ids), per_slot)
-    return round(per_slot / fixed, 4)
+    def step_s(steps: int = 8) -> float:  # plain decoding's step, from its second step to its last
+        processing, marks = Processing(), []
+        for event in speculative_generate(target, None, make_rule("chain", processing), prompt_ids,
+                                          processing=processing, max_new_tokens=steps + 1):
+            if event.row == 0:
+                marks.append(time.perf_counter())
+        return (marks[-1] - marks[0]) / (len(marks) - 1)
+
+    ones, wides, steps = [], [], []
+    for _ in range(repeats):
+        ones.append(forward_s(1))
+        wides.append(forward_s(window))
+        steps.append(step_s())
+    median = lambda values: sorted(values)[len(values) // 2]  # noqa: E731
+    per_slot = max(median(wides) - median(ones), 0.0) / ((window - 1) * len(prompt_ids))
+    rest = max(median(steps) - per_slot * len(prompt_ids), per_slot)
+    return round(per_slot / rest, 4)
 
 
 # Each drafter with the TETRIS estimate that suits it: a model's confidence, or the row's acceptance history for
