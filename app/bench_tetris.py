@@ -101,8 +101,8 @@ def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_
         return ModelDrafter(generator.draft_model, Processing(temperature=temperature), target_vocab_size=vocab)
 
     gamma = capacity // batch_size
-    if slot_cost is None:  # TETRIS's cut: what a verified slot costs, measured on this batch
-        slot_cost = measure_slot_cost(generator, batch)
+    if slot_cost is None:  # the cut needs calibrated estimates: a row's acceptance rate is one, a confidence is not
+        slot_cost = measure_slot_cost(generator, batch) if estimate == "history" else 0.0
     configs = {
         "ar": lambda: (None, FixedLength(0)),
         f"fixed (γ = {gamma})": lambda: (chain_drafter(), FixedLength(gamma)),
@@ -238,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="TETRIS's acceptance estimate (default: confidence for model, history for ngram)")
     p.add_argument("--slot-cost", type=float, default=None,
                    help="TETRIS: a verified slot's cost over a step's fixed cost; slots whose estimate does not pay "
-                        "for theirs are not verified (default: measured on the batch; 0: always fill the budget)")
+                        "for theirs are not verified (default: measured on the batch for the history estimate, 0 "
+                        "(always fill the budget) for the confidence one, which is not a calibrated probability)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
