@@ -12,8 +12,9 @@ read from memory once per forward while every row group passes over it, the tile
 (row, output) pair is one FMA chain in a fixed order with a fixed lane reduction, whatever else is in the call,
 so a token gets the same bits alone, in a window, in a tree or in a batch. That is what a target needs (its
 verified window must score each token as plain decoding does), and the tiling keeps wide windows cheap: on the
-shipped code target (1 thread, benchmarks/decode-step-latest.md) one slot takes 5.1 ms against 7.9 with torch,
-13 slots 10.5 ms against 14.3, while a 600-token prefill is 1.24x slower than MKL's. Against the torch path
+shipped code target (1 thread, benchmarks/decode-step-latest.md) one slot takes 4.8 ms against 7.4 with torch,
+13 slots 8.8 ms against 14.1, and a 600-token prefill about as long as MKL's. Attention scores eight keys at a
+time and runs head by head over all of a forward's tokens, so a row's window slots reuse that head's cached keys. Against the torch path
 (`LlamaRunner.forward_hidden(kernel=False)`, its twin in the tests) results agree to float32 rounding. Text
 targets (`TextGenerator.target`) and drafts opt in (`LlamaRunner.decode_kernel`); the image and video targets
 keep their own serving. Forwards of more than MAX_SLOTS new slots stay on the torch path. Float32 and CPU only;
