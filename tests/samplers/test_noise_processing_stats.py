@@ -399,3 +399,19 @@ def test_tree_prediction_uses_the_measured_acceptance_by_rank():
     summary = stats.summary(method="sequoia", lossless=True, wall_s=1.0, ar_step_s=0.05)
     assert summary["tau"] == pytest.approx(2.0)
     assert summary["predicted_speedup_measured"] == pytest.approx((1 + a0 + a1 + a0 * a0) * 0.05 / (0.01 + 0.1))
+
+
+def test_decoding_freezes_the_collector_once_per_loaded_model(monkeypatch):
+    """`gc.freeze` keeps full collections from walking a loaded model's objects; it runs the first time a model
+    decodes and never again for it (a frozen object is never collected as a cycle, so freezing every request
+    would keep each request's cyclic garbage), and never for targets without a model."""
+    import gc
+
+    from specgen.samplers import loop
+
+    calls = []
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append(1))
+    first, second = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    for model in (first, first, None, object(), second, first, second):
+        loop._freeze_once(model)
+    assert len(calls) == 2
