@@ -11,7 +11,8 @@ from the code draft model (`--drafter model`, estimate: its confidence) or from 
 estimate: each row's acceptance so far). `--slot-cost` (default: measured on the batch) lets TETRIS leave a draft
 unverified when its estimate does not pay for its slot.
 Reported per run: throughput (committed tokens per second over the whole batch; in the steady state, over steps
-1 onwards, the prefill left out), steps, drafted and accepted tokens, and, at temperature 0, whether every row equals plain greedy decoding. Written to
+1 onwards, the prefill left out), steps, drafted and accepted tokens, and, at temperature 0, whether every row
+equals plain greedy decoding. Written to
 benchmarks/tetris-{static,steady}-<timestamp>.{json,md} and tetris-{static,steady}-latest.{json,md}.
 """
 
@@ -134,7 +135,8 @@ def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_
     fixed, tetris = (table[n] for n in list(configs)[1:])
     return {"table": table, "tetris_over_fixed": tetris["tokens_per_s"] / fixed["tokens_per_s"],
             "env": {"timestamp_utc": datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"), **source_state(),
-                    "drafter": drafter, "estimate": estimate, "slot_cost": slot_cost, "batch_size": batch_size, "capacity": capacity, "steps": steps, "max_draft": max_draft, "gamma": gamma,
+                    "drafter": drafter, "estimate": estimate, "slot_cost": slot_cost, "batch_size": batch_size,
+                    "capacity": capacity, "steps": steps, "max_draft": max_draft, "gamma": gamma,
                     "max_new_tokens": max_new_tokens, "temperature": temperature, "repeats": repeats,
                     "prompts": str(prompts_path), "model": str(generator.model_path),
                     "draft": str(generator.draft_path), "threads": torch.get_num_threads(),
@@ -150,21 +152,14 @@ def measure_slot_cost(generator, prompts: list[str], window: int = 5, repeats: i
 
     import torch
 
+    from specgen.modalities.transformers_adapter import measure_batch_window_s
     from specgen.samplers.acceptance import make_rule
     from specgen.samplers.loop import speculative_generate
     from specgen.samplers.processing import Processing
 
     prompt_ids = [torch.as_tensor(generator.encode(p), dtype=torch.long) for p in prompts]
     target = generator.target(max(len(p) for p in prompt_ids) + 64)
-    rows = torch.arange(len(prompt_ids))
-
-    def forward_s(n: int) -> float:
-        target.prefill(prompt_ids)
-        tokens = torch.stack([p[-1:].expand(n) for p in prompt_ids])
-        positions = torch.stack([len(p) - 1 + torch.arange(n) for p in prompt_ids])
-        started = time.perf_counter()
-        target.score(tokens, positions, rows)
-        return time.perf_counter() - started
+    forward_s = lambda n: measure_batch_window_s(target, prompt_ids, n, repeats=1)  # noqa: E731
 
     def step_s(steps: int = 8) -> float:  # plain decoding's step, from its second step to its last
         processing, marks = Processing(), []

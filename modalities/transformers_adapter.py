@@ -177,8 +177,9 @@ class TransformersTarget:
     @torch.no_grad()  # not inference_mode: the cache tensors are updated in place later
     def _forward(self, tokens, positions, rows, window_mask, logits_to_keep=0, valid=None):
         """tokens/positions: [rows, n]; window_mask: [rows, n, n] bool (slot attends to slot), None for a causal
-        window; valid: [rows] real slots of a ragged causal window (the compiled step skips the padding). Float `tokens` [rows, n, d] are input vectors (an EAGLE head's fused inputs): the result is then the
-        final-normed hidden states, not logits (Llama runner only)."""
+        window; valid: [rows] real slots of a ragged causal window (the compiled step skips the padding). Float
+        `tokens` [rows, n, d] are input vectors (an EAGLE head's fused inputs): the result is then the final-normed
+        hidden states, not logits (Llama runner only)."""
         self.forward_calls += 1
         n = tokens.shape[1]
         width = self.cache.begin(rows, n)
@@ -192,7 +193,8 @@ class TransformersTarget:
         if (self.runner is not None and self.sliding_window is None
                 and decode_step.usable(self.runner, self.dtype, None, tokens.shape[0] * n)):
             packed = {"valid": valid} if valid is not None and not tokens.is_floating_point() else {}
-            return run(None, window_mask=window_mask, **packed)  # the compiled step reads each row's length and the mask itself
+            # the compiled step reads each row's length and the mask itself
+            return run(None, window_mask=window_mask, **packed)
         plain = n == 1 or window_mask is None  # every slot sees its row's cache and the window's earlier slots
         if (self.runner is not None and plain and (self.sliding_window is None or width <= self.sliding_window)
                 and self.cache.common_start is not None and (n == 1 or self._attends_causally())):
@@ -227,15 +229,20 @@ def measure_window_s(target, prompt_ids: torch.Tensor, window: int = 1, repeats:
     """Median time of one forward over `window` slots (the pending prompt token and window - 1 placeholder
     drafts) right after prefilling `prompt_ids`: T_ar for window 1, T_window(L) for the cost models. `target` is
     any TargetModel (a guided one scores both rows)."""
+    return measure_batch_window_s(target, [prompt_ids], window, repeats)
+
+
+def measure_batch_window_s(target, prompts: Sequence, window: int = 1, repeats: int = 3) -> float:
+    """`measure_window_s` for a batch: every prompt of `prompts` a row, each scoring `window` slots."""
     import time
 
-    ids = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()
-    tokens = torch.cat([ids[-1:], ids[-1:].expand(window - 1)])[None]
-    positions = (len(ids) - 1 + torch.arange(window))[None]
+    rows = [torch.as_tensor(p, dtype=torch.long).flatten() for p in prompts]
+    tokens = torch.stack([torch.cat([ids[-1:], ids[-1:].expand(window - 1)]) for ids in rows])
+    positions = torch.stack([len(ids) - 1 + torch.arange(window) for ids in rows])
     times = []
     for _ in range(repeats):
-        target.prefill([ids])
+        target.prefill(rows)
         started = time.perf_counter()
-        target.score(tokens, positions, torch.tensor([0]))
+        target.score(tokens, positions, torch.arange(len(rows)))
         times.append(time.perf_counter() - started)
     return sorted(times)[len(times) // 2]

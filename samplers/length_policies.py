@@ -198,11 +198,10 @@ class TetrisDrafter:
         if slot_cost < 0 or not 0 <= decay < 1 or not 0 < prior <= 1:
             raise InvalidRequest(f"TETRIS needs slot_cost >= 0, 0 <= decay < 1 and 0 < prior <= 1, got "
                                  f"{slot_cost}, {decay} and {prior}")
-        self.slot_cost = slot_cost
         if estimate not in self.ESTIMATES:
             raise InvalidRequest(f"unknown TETRIS estimate {estimate!r}; choose from {', '.join(self.ESTIMATES)}")
         self.inner, self.capacity, self.estimate = inner, capacity, estimate
-        self.decay, self.prior = decay, prior
+        self.decay, self.prior, self.slot_cost = decay, prior, slot_cost
         self._tested: dict[int, list[float]] = {}  # row -> [decayed accepted, decayed tested]
         self._rows: list[int] = []
 
@@ -214,7 +213,8 @@ class TetrisDrafter:
         if draft.length == 0:
             return draft
         if self.estimate == "history":
-            rates = torch.tensor([self.acceptance_rate(row) for row in self._rows], dtype=torch.double)
+            pooled = self._pooled_rate()
+            rates = torch.tensor([self.acceptance_rate(row, pooled) for row in self._rows], dtype=torch.double)
             estimates = rates[:, None].expand(-1, draft.length)
         elif draft.draft_probs is None:
             return draft
@@ -228,17 +228,21 @@ class TetrisDrafter:
         kept = tetris_select(estimates, self.capacity, draft.drafted(), self.slot_cost)
         return Draft(draft.tokens, draft.draft_probs, kept, draft.vocab_ids)
 
-    def acceptance_rate(self, row: int) -> float:
+    def acceptance_rate(self, row: int, pooled: float | None = None) -> float:
         """The row's per-token acceptance estimate: its decayed accepted over decayed tested tokens, shrunk towards
-        the whole batch's rate (weight of one tested token; `prior` before anything was tested)."""
+        the whole batch's rate `pooled` (weight of one tested token; computed when not given)."""
         accepted, tested = self._tested.get(row, (0.0, 0.0))
-        pooled_accepted, pooled_tested = (sum(column) for column in zip((0.0, 0.0), *self._tested.values()))
-        pooled = (pooled_accepted + self.prior) / (pooled_tested + 1.0)
+        pooled = self._pooled_rate() if pooled is None else pooled
         return (accepted + pooled) / (tested + 1.0)
+
+    def _pooled_rate(self) -> float:
+        """The whole batch's decayed acceptance rate, from `prior` before anything was tested."""
+        accepted, tested = (sum(column) for column in zip((0.0, 0.0), *self._tested.values()))
+        return (accepted + self.prior) / (tested + 1.0)
 
     def observe(self, verdict: Verdict) -> None:
         # A chain verdict tests tokens up to the first rejection: n accepted, plus the rejected one when n < drafted.
-        # A row left unverified keeps decaying towards the prior, so it is tried again after a while.
+        # A row left unverified keeps decaying towards the batch's rate, so it is tried again after a while.
         for row, accepted, drafted in zip(self._rows, verdict.num_accepted.tolist(), verdict.num_drafted.tolist()):
             tested = accepted + (1 if accepted < drafted else 0)
             total = self._tested.setdefault(row, [0.0, 0.0])
