@@ -34,7 +34,8 @@ from specgen.modalities.speech.align import load_durations
 ROLES = ("codec", "tokens", "target", "draft")
 DEFAULTS = {"target": (3600, 16, 1.5e-3), "draft": (4000, 16, 2e-3)}  # role -> steps, batch size, peak lr
 LOSS_WINDOW = 50
-VAL_UTTERANCES = 96  # the last utterances of the token file are held out
+VAL_UTTERANCES = 96
+NOISE_SOURCES = ("uniform", "model")  # the last utterances of the token file are held out
 
 
 def _sha256(path: Path) -> str:
@@ -129,9 +130,17 @@ class TrainConfig:
     layout: str = "prefix"  # or "interleaved": characters spoken again where they start (models.py)
     bf16: bool = False  # bfloat16 autocast for the forward (about 1.7x faster steps on CPUs with AMX or AVX512-BF16)
     teacher: str | None = None  # a target model folder: train on forward KL(teacher || model) instead of the data
+    # share of the input's acoustic tokens replaced by random ones (labels unchanged): the model learns to continue
+    # from frames that are not the true ones, as it must when it runs on its own samples
+    input_noise: float = 0.0
+    # where the replacements come from: "uniform" (any acoustic token) or "model" (the model's own sample for that
+    # slot given the true frames before it, drawn in an extra forward pass without gradients: the errors it makes)
+    noise_source: str = "uniform"
+    init: str | None = None  # an exported model folder to start from instead of random weights
     overrides: dict | None = None  # architecture overrides (tests)
 
-    FIXED = ("role", "batch_size", "seed", "tokens_sha256", "layout", "teacher")
+    FIXED = ("role", "batch_size", "seed", "tokens_sha256", "layout", "teacher", "input_noise", "noise_source",
+             "init")
 
     def command(self) -> str:
         parts = ["python -m specgen.modalities.speech.train", f"--role {self.role}", f"--tokens {self.tokens}",
@@ -140,6 +149,9 @@ class TrainConfig:
         parts += [f"--layout {self.layout}"] if self.layout != "prefix" else []
         parts += ["--bf16"] if self.bf16 else []
         parts += [f"--teacher {self.teacher}"] if self.teacher else []
+        parts += [f"--input-noise {self.input_noise:g}"] if self.input_noise else []
+        parts += [f"--noise-source {self.noise_source}"] if self.input_noise and self.noise_source != "uniform" else []
+        parts += [f"--init {self.init}"] if self.init else []
         return " ".join(parts + ([f"--out {self.out}"] if self.out else []))
 
 
@@ -180,6 +192,15 @@ class LMTask:
         self.seqs = seqs
         self._by_length = sorted(self.train_idx, key=lambda i: (len(seqs[i]), i))
         self.model = build_speech_lm(cfg.role, self.vocab, **(cfg.overrides or {}))
+        if cfg.init:
+            from specgen.modalities.speech.models import load_speech_lm, load_speech_vocab
+
+            if load_speech_vocab(cfg.init) != self.vocab:
+                raise InvalidRequest(f"the model in {cfg.init!r} has another vocabulary or layout")
+            try:
+                self.model.load_state_dict(load_speech_lm(cfg.init).state_dict())
+            except RuntimeError as exc:  # missing, unexpected or differently shaped weights
+                raise InvalidRequest(f"the model in {cfg.init!r} is not a {cfg.role} of this shape") from exc
         self.teacher = None
         if cfg.teacher:  # distillation (DistillSpec's forward KL): the draft learns the target's laws
             from specgen.modalities.speech.models import load_speech_lm, load_speech_vocab
@@ -210,7 +231,33 @@ class LMTask:
         by_length = self._by_length
         start = int(rng.integers(0, max(1, len(by_length) - pool + 1)))
         window = by_length[start:start + pool]
-        return self._batch([window[j] for j in rng.integers(0, len(window), self.cfg.batch_size)])
+        ids, labels = self._batch([window[j] for j in rng.integers(0, len(window), self.cfg.batch_size)])
+        return self.corrupt(ids, labels, rng), labels
+
+    def corrupt(self, ids, labels, rng):
+        """ids with a share `input_noise` of the generated acoustic tokens replaced by uniformly random ones (drawn
+        from rng, so a batch stays a pure function of seed and step); the labels keep the true tokens."""
+        import torch
+
+        if not self.cfg.input_noise:
+            return ids
+        acoustic = (labels != -100) & (ids < self.vocab.num_tokens)  # [batch, width]
+        hit = torch.from_numpy(rng.random(ids.shape) < self.cfg.input_noise) & acoustic
+        if self.cfg.noise_source == "model":
+            noise = self._own_samples(ids, torch.Generator().manual_seed(int(rng.integers(2**62))))
+        else:
+            noise = torch.from_numpy(rng.integers(0, self.vocab.num_tokens, ids.shape))
+        return torch.where(hit, noise, ids)
+
+    def _own_samples(self, ids, generator):
+        """[batch, width] per slot, an acoustic token sampled from the model's law for that slot given the true
+        tokens before it (slot 0, never replaced, keeps its token)."""
+        import torch
+
+        with torch.no_grad():
+            logits = self._logits(ids)[..., :self.vocab.num_tokens].float()  # [batch, width - 1, acoustic]
+        drawn = torch.multinomial(logits.softmax(-1).reshape(-1, logits.shape[-1]), 1, generator=generator)
+        return torch.cat([ids[:, :1], drawn.reshape(logits.shape[:2])], dim=1)
 
     def loss(self, batch, reduction: str = "mean"):
         ids, labels = batch
@@ -287,6 +334,10 @@ def train(cfg: TrainConfig, resume: bool = True, export_only: bool = False) -> d
         raise InvalidRequest(f"role must be target or draft, not {cfg.role!r}")
     if cfg.steps < 0 or cfg.batch_size < 1 or cfg.lr <= 0 or cfg.threads < 1:
         raise InvalidRequest("steps must be >= 0 and batch size, lr and threads positive")
+    if not 0 <= cfg.input_noise < 1:
+        raise InvalidRequest(f"input noise must be in [0, 1), not {cfg.input_noise}")
+    if cfg.noise_source not in NOISE_SOURCES:
+        raise InvalidRequest(f"noise source must be one of {', '.join(NOISE_SOURCES)}, not {cfg.noise_source!r}")
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(cfg.threads)
@@ -295,14 +346,16 @@ def train(cfg: TrainConfig, resume: bool = True, export_only: bool = False) -> d
     model = task.model
     tokens_file = Path(cfg.tokens) / "tokens.npz" if Path(cfg.tokens).is_dir() else Path(cfg.tokens)
     fixed = {"role": cfg.role, "batch_size": cfg.batch_size, "seed": cfg.seed, "tokens_sha256": _sha256(tokens_file),
-             "layout": cfg.layout, "teacher": cfg.teacher}
+             "layout": cfg.layout, "teacher": cfg.teacher, "input_noise": cfg.input_noise,
+             "noise_source": cfg.noise_source, "init": cfg.init}
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.05)
     ckpt_path, metrics_path = run_dir / "checkpoint.pt", run_dir / "metrics.jsonl"
     state = {"step": 0, "elapsed_s": 0.0, "recent_losses": [], "eval": {}, "resumed_from": []}
     if resume and ckpt_path.exists():
         ckpt = torch.load(ckpt_path, weights_only=False)
         # checkpoints from before layouts and distillation were settings lack those keys
-        if {"layout": "prefix", "teacher": None, **ckpt["fixed"]} != fixed:
+        if {"layout": "prefix", "teacher": None, "input_noise": 0.0, "noise_source": "uniform", "init": None,
+                **ckpt["fixed"]} != fixed:
             raise InvalidRequest(f"{ckpt_path} was made with different settings ({', '.join(TrainConfig.FIXED)} "
                                  "must match); use another --run-dir or --no-resume to start over")
         state = restore(ckpt, model, opt, metrics_path)
@@ -359,6 +412,7 @@ def train(cfg: TrainConfig, resume: bool = True, export_only: bool = False) -> d
         "role": cfg.role, "params": sum(p.numel() for p in model.parameters()), "command": cfg.command(),
         "seed": cfg.seed, "steps": state["step"], "planned_steps": cfg.steps, "batch_size": cfg.batch_size,
         "lr": cfg.lr, "warmup": cfg.warmup, "layout": cfg.layout, "bf16_autocast": cfg.bf16, "teacher": cfg.teacher,
+        "input_noise": cfg.input_noise, "noise_source": cfg.noise_source, "init": cfg.init,
         "schedule": "linear warmup, cosine to 10 % of the planned steps",
         "final_train_loss": (round(sum(state["recent_losses"]) / len(state["recent_losses"]), 4)
                              if state["recent_losses"] else None),
@@ -397,6 +451,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the forward pass (faster on AMX CPUs)")
     p.add_argument("--teacher", type=Path, default=None,
                    help="draft distillation: a target model folder whose laws the model learns (forward KL)")
+    p.add_argument("--input-noise", type=float, default=0.0,
+                   help="share of the input's acoustic tokens replaced by random ones (labels unchanged; default 0)")
+    p.add_argument("--noise-source", choices=NOISE_SOURCES, default="uniform",
+                   help="replacements for --input-noise: any acoustic token (uniform, default) or the model's own "
+                        "sample given the true frames before (model: an extra forward pass per step)")
+    p.add_argument("--init", type=Path, default=None, help="start from this exported model instead of random weights")
     p.add_argument("--no-resume", action="store_true")
     p.add_argument("--export-only", action="store_true", help="export the run's last checkpoint without training")
     a = p.parse_args(argv)
@@ -426,7 +486,8 @@ def main(argv: list[str] | None = None) -> int:
                           run_dir=str(a.run_dir or Path("runs") / f"speech-{a.role}"),
                           out=str(a.out) if a.out else None, checkpoint_minutes=a.checkpoint_minutes,
                           eval_every=a.eval_every, layout=layout, bf16=a.bf16,
-                          teacher=str(a.teacher) if a.teacher else None)
+                          teacher=str(a.teacher) if a.teacher else None, input_noise=a.input_noise,
+                          noise_source=a.noise_source, init=str(a.init) if a.init else None)
         summary = train(cfg, resume=not a.no_resume, export_only=a.export_only)
     except SpecgenError as exc:
         print(f"error: {exc}", file=sys.stderr)

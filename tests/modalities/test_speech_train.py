@@ -125,3 +125,70 @@ def test_distillation_from_a_teacher_lowers_the_kl(token_file, tmp_path):
     assert first["teacher"] and "eval_kl" in first["eval"] and later["eval"]["eval_kl"] < first["eval"]["eval_kl"]
     with pytest.raises(InvalidRequest, match="different settings"):  # a resume cannot switch teachers
         train(config(token_file, tmp_path / "student", 13))
+
+
+def test_input_noise_replaces_only_generated_acoustic_inputs(token_file, tmp_path):
+    from specgen.modalities.speech.train import LMTask
+
+    clean = LMTask(config(token_file, tmp_path / "clean", 1))
+    noisy = LMTask(config(token_file, tmp_path / "noisy", 1, input_noise=0.3))
+    for step in range(3):
+        (ids, labels), (noisy_ids, noisy_labels) = clean.batch(step), noisy.batch(step)
+        assert torch.equal(labels, noisy_labels)  # the targets stay the true tokens
+        assert torch.equal(noisy.batch(step)[0], noisy_ids)  # a pure function of (seed, step)
+        changed = noisy_ids != ids
+        assert not changed[labels == -100].any()  # the prompt (BOS, voice, text, BOA) is never touched
+        assert torch.equal(noisy_ids[ids >= 32], ids[ids >= 32])  # characters and EOS stay
+        assert changed.any() and (noisy_ids[changed] < 32).all()  # replacements are acoustic tokens
+    # over many batches about 30 % of the generated acoustic inputs are replaced (a few collide with the truth)
+    hits = total = 0
+    for step in range(40):
+        (ids, labels), (noisy_ids, _) = clean.batch(step), noisy.batch(step)
+        acoustic = (labels != -100) & (ids < 32)
+        hits, total = hits + int((noisy_ids != ids)[acoustic].sum()), total + int(acoustic.sum())
+    assert 0.3 * (1 - 1 / 32) - 0.04 < hits / total < 0.3 + 0.04
+    summary = train(config(token_file, tmp_path / "noisy-run", 2, input_noise=0.3))
+    assert summary["input_noise"] == 0.3 and "--input-noise 0.3" in summary["command"]
+    with pytest.raises(InvalidRequest, match="different settings"):  # a resume cannot change the noise
+        train(config(token_file, tmp_path / "noisy-run", 3))
+    with pytest.raises(InvalidRequest, match="input noise"):
+        train(config(token_file, tmp_path / "bad", 1, input_noise=1.0))
+
+
+def test_init_starts_from_an_exported_model(token_file, tmp_path):
+    train(config(token_file, tmp_path / "base", 2, out=str(tmp_path / "base-export")))
+    from specgen.modalities.speech.train import LMTask
+    from specgen.modalities.speech.models import load_speech_lm
+
+    task = LMTask(config(token_file, tmp_path / "ft", 1, init=str(tmp_path / "base-export")))
+    start = load_speech_lm(tmp_path / "base-export")
+    assert all(torch.equal(a, b) for a, b in zip(task.model.state_dict().values(), start.state_dict().values()))
+    wider = dict(TINY, hidden_size=64)
+    with pytest.raises(InvalidRequest, match="not a target of this shape"):
+        LMTask(TrainConfig(role="target", steps=1, batch_size=4, lr=1e-3, tokens=str(token_file),
+                           run_dir=str(tmp_path / "w"), overrides=wider, init=str(tmp_path / "base-export")))
+
+
+def test_model_noise_feeds_the_models_own_samples(token_file, tmp_path):
+    from specgen.modalities.speech.train import LMTask
+
+    clean = LMTask(config(token_file, tmp_path / "clean", 1))
+    task = LMTask(config(token_file, tmp_path / "own", 1, input_noise=0.5, noise_source="model"))
+    (ids, labels), (own_ids, own_labels) = clean.batch(0), task.batch(0)
+    assert torch.equal(labels, own_labels) and torch.equal(task.batch(0)[0], own_ids)
+    assert torch.equal(own_ids[labels == -100], ids[labels == -100]) and (own_ids[own_ids != ids] < 32).all()
+    # a model that puts all its mass on token 7 feeds back only 7s where it replaces
+    def certain_logits(batch_ids):
+        logits = torch.full((*batch_ids[:, :-1].shape, task.vocab.vocab_size), -30.0)
+        logits[..., 7] = 30.0
+        return logits
+
+    task._logits = certain_logits
+    fed = task.batch(0)[0]
+    replaced = fed != ids
+    assert replaced.any() and (fed[replaced] == 7).all()
+    assert 0.4 < replaced[(labels != -100) & (ids < 32) & (ids != 7)].float().mean() < 0.6
+    summary = train(config(token_file, tmp_path / "own-run", 2, input_noise=0.5, noise_source="model"))
+    assert summary["noise_source"] == "model" and "--noise-source model" in summary["command"]
+    with pytest.raises(InvalidRequest, match="noise source"):
+        train(config(token_file, tmp_path / "bad", 1, input_noise=0.2, noise_source="echo"))
