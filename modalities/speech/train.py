@@ -23,7 +23,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 from specgen.errors import InvalidRequest, ModelNotFound
@@ -34,8 +34,8 @@ from specgen.modalities.speech.align import load_durations
 ROLES = ("codec", "tokens", "target", "draft")
 DEFAULTS = {"target": (3600, 16, 1.5e-3), "draft": (4000, 16, 2e-3)}  # role -> steps, batch size, peak lr
 LOSS_WINDOW = 50
-VAL_UTTERANCES = 96
-NOISE_SOURCES = ("uniform", "model")  # the last utterances of the token file are held out
+VAL_UTTERANCES = 96  # the last utterances of the token file are held out
+NOISE_SOURCES = ("uniform", "model")
 
 
 def _sha256(path: Path) -> str:
@@ -155,6 +155,11 @@ class TrainConfig:
         return " ".join(parts + ([f"--out {self.out}"] if self.out else []))
 
 
+# the defaults of the fixed settings that have one (a checkpoint always records all of its own)
+FIXED_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name in TrainConfig.FIXED
+                  and f.default is not MISSING}
+
+
 def _lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -193,21 +198,21 @@ class LMTask:
         self._by_length = sorted(self.train_idx, key=lambda i: (len(seqs[i]), i))
         self.model = build_speech_lm(cfg.role, self.vocab, **(cfg.overrides or {}))
         if cfg.init:
-            from specgen.modalities.speech.models import load_speech_lm, load_speech_vocab
-
-            if load_speech_vocab(cfg.init) != self.vocab:
-                raise InvalidRequest(f"the model in {cfg.init!r} has another vocabulary or layout")
             try:
-                self.model.load_state_dict(load_speech_lm(cfg.init).state_dict())
+                self.model.load_state_dict(self._load_same_vocab(cfg.init, "model").state_dict())
             except RuntimeError as exc:  # missing, unexpected or differently shaped weights
                 raise InvalidRequest(f"the model in {cfg.init!r} is not a {cfg.role} of this shape") from exc
         self.teacher = None
         if cfg.teacher:  # distillation (DistillSpec's forward KL): the draft learns the target's laws
-            from specgen.modalities.speech.models import load_speech_lm, load_speech_vocab
+            self.teacher = self._load_same_vocab(cfg.teacher, "teacher").requires_grad_(False)
 
-            if load_speech_vocab(cfg.teacher) != self.vocab:
-                raise InvalidRequest(f"the teacher in {cfg.teacher!r} has another vocabulary or layout")
-            self.teacher = load_speech_lm(cfg.teacher).requires_grad_(False)
+    def _load_same_vocab(self, path: str, what: str):
+        """The exported model in `path`, refused unless it has this task's vocabulary and layout."""
+        from specgen.modalities.speech.models import load_speech_lm, load_speech_vocab
+
+        if load_speech_vocab(path) != self.vocab:
+            raise InvalidRequest(f"the {what} in {path!r} has another vocabulary or layout")
+        return load_speech_lm(path)
 
     def _batch(self, idx: list[int]):
         import torch
@@ -235,8 +240,9 @@ class LMTask:
         return self.corrupt(ids, labels, rng), labels
 
     def corrupt(self, ids, labels, rng):
-        """ids with a share `input_noise` of the generated acoustic tokens replaced by uniformly random ones (drawn
-        from rng, so a batch stays a pure function of seed and step); the labels keep the true tokens."""
+        """ids with a share `input_noise` of the generated acoustic tokens replaced (by `noise_source`; every draw
+        comes from rng, so a batch stays a pure function of seed, step and weights); the labels keep the true
+        tokens."""
         import torch
 
         if not self.cfg.input_noise:
@@ -353,9 +359,8 @@ def train(cfg: TrainConfig, resume: bool = True, export_only: bool = False) -> d
     state = {"step": 0, "elapsed_s": 0.0, "recent_losses": [], "eval": {}, "resumed_from": []}
     if resume and ckpt_path.exists():
         ckpt = torch.load(ckpt_path, weights_only=False)
-        # checkpoints from before layouts and distillation were settings lack those keys
-        if {"layout": "prefix", "teacher": None, "input_noise": 0.0, "noise_source": "uniform", "init": None,
-                **ckpt["fixed"]} != fixed:
+        # checkpoints from before a setting existed lack its key: it had its default then
+        if {**FIXED_DEFAULTS, **ckpt["fixed"]} != fixed:
             raise InvalidRequest(f"{ckpt_path} was made with different settings ({', '.join(TrainConfig.FIXED)} "
                                  "must match); use another --run-dir or --no-resume to start over")
         state = restore(ckpt, model, opt, metrics_path)
