@@ -1,6 +1,7 @@
 """Where target-only speech loses its words: one held-out sentence set decoded six ways by one token model.
 
-    python benchmarks/speech_exposure.py [--model assets/speech/target ...] [--n 96] [--out benchmarks/speech-exposure]
+    python benchmarks/speech_exposure.py [--model assets/speech/target ...] [--corpus assets/speech/corpus] [--n 96] \
+        [--out benchmarks/speech-exposure]
 
 On the corpus' held-out utterances (the last 96 of `assets/speech/corpus`, with their aligned character durations)
 whose words pocketsphinx knows, each model is decoded
@@ -58,6 +59,9 @@ def conditions(model, vocab, utterance, durations, generator, sample):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", nargs="+", default=[str(ROOT / "assets" / "speech" / "target")])
+    parser.add_argument("--corpus", default=str(ROOT / "assets" / "speech" / "corpus"),
+                        help="the encoded corpus whose durations match the models' text units (a phoneme model "
+                             "needs a corpus aligned with --units phonemes); its last 96 utterances are used")
     parser.add_argument("--n", type=int, default=96, help="held-out utterances to consider (the corpus' last)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "speech-exposure"))
@@ -74,7 +78,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     paths = default_paths()
-    corpus = paths["codec"].parent / "corpus"
+    corpus = Path(args.corpus)
     acoustic = codec.AcousticCodec.load(paths["codec"])
     utterances, durations = load_corpus(corpus), load_durations(corpus)
     _, held = split_corpus(utterances, VAL_UTTERANCES)

@@ -15,7 +15,9 @@ without any outside model, by Viterbi training on the corpus' own frames (the fr
 
 writes `durations.npz` beside `tokens.npz`: per utterance, its characters' frame counts (concatenated uint8, with
 each utterance's character count; they sum to the utterance's frame count). Held-out utterances are aligned but
-never fitted on.
+never fitted on. With `--units phonemes` the same procedure aligns the frames to each sentence's phonemes and
+punctuation marks (`phonemes.py`) instead of its characters, and `durations.json` records the phoneme inventory
+the models then use.
 """
 
 from __future__ import annotations
@@ -109,9 +111,11 @@ def _network_round(utts, paths, fit: int, voices: int, symbols: int, seed: int, 
 
 
 def align_corpus(tokens_dir: Path, codec_dir: Path, *, held_out: int, gaussian_rounds: int = 4,
-                 network_rounds: int = 3, seed: int = 0, log=print) -> dict:
-    """Align every utterance of tokens_dir/tokens.npz; write durations.npz there and return a report."""
+                 network_rounds: int = 3, seed: int = 0, units: str = "characters", log=print) -> dict:
+    """Align every utterance of tokens_dir/tokens.npz to its characters, or to its phonemes (units="phonemes",
+    `phonemes.py`); write durations.npz there and return a report (with the phoneme inventory)."""
     from specgen.modalities.checkpoints import atomic_write
+    from specgen.modalities.speech import phonemes
     from specgen.modalities.speech.codec import AcousticCodec
     from specgen.modalities.speech.data import ALPHABET
     from specgen.modalities.speech.train import load_tokens
@@ -120,21 +124,27 @@ def align_corpus(tokens_dir: Path, codec_dir: Path, *, held_out: int, gaussian_r
     blob = load_tokens(tokens_dir)
     centroids = AcousticCodec.load(codec_dir).centroids.double().numpy()
     offsets, voices = blob["offsets"], sorted(set(str(v) for v in blob["voices"]))
+    texts = [str(t) for t in blob["texts"]]
+    if units == "phonemes":
+        sequences = phonemes.corpus_units(texts)
+        symbols = phonemes.inventory(sequences)
+    else:
+        sequences, symbols = texts, ALPHABET
     utts = []
-    for i, (text, voice) in enumerate(zip(blob["texts"], blob["voices"])):
+    for i, (sequence, voice) in enumerate(zip(sequences, blob["voices"])):
         frames = centroids[blob["tokens"][offsets[i]:offsets[i + 1]].astype(np.int64)]
-        chars = np.array([ALPHABET.index(c) for c in str(text)], dtype=np.int64)
+        chars = np.array([symbols.index(c) for c in sequence], dtype=np.int64)
         if len(frames) < len(chars):
-            raise ValueError(f"utterance {i} has {len(frames)} frames for {len(chars)} characters")
+            raise ValueError(f"utterance {i} has {len(frames)} frames for {len(chars)} {units}")
         utts.append((frames, chars, voices.index(str(voice))))
     fit = len(utts) - held_out
     paths = [_even(len(f), len(c)) for f, c, _ in utts]
     history = []
     for r in range(gaussian_rounds + network_rounds):
         if r < gaussian_rounds:
-            new, note = _gaussian_round(utts, paths, fit, len(voices), len(ALPHABET)), "gaussian"
+            new, note = _gaussian_round(utts, paths, fit, len(voices), len(symbols)), "gaussian"
         else:
-            new, loss = _network_round(utts, paths, fit, len(voices), len(ALPHABET), seed + r)
+            new, loss = _network_round(utts, paths, fit, len(voices), len(symbols), seed + r)
             note = f"network (frame loss {loss:.3f})"
         changed = float(np.mean(np.concatenate([a != b for a, b in zip(paths, new)])))
         paths = new
@@ -152,10 +162,19 @@ def align_corpus(tokens_dir: Path, codec_dir: Path, *, held_out: int, gaussian_r
 
     atomic_write(Path(tokens_dir) / "durations.npz", write)
     (Path(tokens_dir) / "durations.npz").chmod(0o644)
-    return {"utterances": len(utts), "fitted_on": fit, "rounds": history, "seed": seed,
+    return {"utterances": len(utts), "fitted_on": fit, "rounds": history, "seed": seed, "units": units,
+            **({"inventory": list(symbols)} if units == "phonemes" else {}),
             "mean_frames_per_char": round(float(counts.mean()), 2),
             "one_frame_chars": round(float((counts == 1).mean()), 3),
             "seconds": round(time.perf_counter() - started, 1)}
+
+
+def load_inventory(tokens_dir: Path) -> tuple[str, ...] | None:
+    """The phoneme inventory the corpus' durations were aligned to; None for characters (or no durations)."""
+    path = Path(tokens_dir)
+    path = (path if path.is_dir() else path.parent) / "durations.json"
+    inventory = json.loads(path.read_text()).get("inventory") if path.exists() else None
+    return tuple(inventory) if inventory else None
 
 
 def load_durations(tokens_dir: Path) -> list[np.ndarray] | None:
@@ -179,13 +198,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--codec", type=Path, default=None, help="the codebook folder (default: assets/speech/codec)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--units", choices=("characters", "phonemes"), default="characters",
+                   help="align the frames to the text's characters (default) or to its phonemes (needs espeak-ng)")
     a = p.parse_args(argv)
     import torch
 
     torch.set_num_threads(a.threads)
     paths = default_paths()
     tokens = a.tokens or paths["target"].parent / "corpus"
-    report = align_corpus(tokens, a.codec or paths["codec"], held_out=VAL_UTTERANCES, seed=a.seed,
+    report = align_corpus(tokens, a.codec or paths["codec"], held_out=VAL_UTTERANCES, seed=a.seed, units=a.units,
                           log=lambda m: print(m, file=sys.stderr, flush=True))
     report["command"] = "python -m specgen.modalities.speech.align " + " ".join(argv or sys.argv[1:])
     (Path(tokens) / "durations.json").write_text(json.dumps(report, indent=1) + "\n")

@@ -1,4 +1,4 @@
-"""The speech token models: text (characters) in, acoustic tokens out, as plain `LlamaForCausalLM`s.
+"""The speech token models: text (characters or phonemes) in, acoustic tokens out, as plain `LlamaForCausalLM`s.
 
 Two sequence layouts (`SpeechVocab.layout`):
 - `prefix`: [BOS, voice, text characters, BOA, acoustic tokens, EOS]; the model must find the alignment itself.
@@ -6,7 +6,9 @@ Two sequence layouts (`SpeechVocab.layout`):
   each character is spoken again at the frame where it starts (durations from `align.py`), so the model always
   sees which character it is saying. While generating, `SpokenInOrder` allows only the text's next character
   (or a frame, or EOS after the last character's frames), so the model chooses *when* to move on, never *where*.
-Acoustic tokens keep their codebook ids (0 .. num_tokens-1); the special tokens, the voice tokens and the
+The text is read as characters, or as phonemes (`SpeechVocab.units`, `phonemes.py`: espeak-ng's transcription,
+one unit per sound and punctuation mark; the unit list is the model's `vocab.json` "chars"), and the "characters"
+of both layouts are then those units. Acoustic tokens keep their codebook ids (0 .. num_tokens-1); the special tokens, the voice tokens and the
 characters follow them. The loss is taken on everything after BOA. Shipped models live in
 `assets/speech/{codec,target,draft}` (`SPECGEN_ASSETS` overrides the assets folder as it does for text and image);
 each model folder carries its `vocab.json`.
@@ -24,6 +26,7 @@ from specgen.errors import InvalidRequest, ModelNotFound
 
 SPECIALS = ("bos", "boa", "eos", "pad")
 LAYOUTS = ("prefix", "interleaved")
+UNITS = ("characters", "phonemes")  # what the text is read as (`phonemes.py` for the second)
 MAX_POSITIONS = 1024
 MAX_TEXT_CHARS = 200
 DEFAULT_VOICE = "slt"
@@ -45,12 +48,15 @@ def _normalise(text: str) -> str:
 class SpeechVocab:
     num_tokens: int  # acoustic tokens are ids 0 .. num_tokens-1
     voices: tuple[str, ...]
-    chars: str
+    chars: str | tuple[str, ...]  # the text units: characters, or phoneme symbols when units == "phonemes"
     layout: str = "prefix"  # or "interleaved" (module docstring)
+    units: str = "characters"
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
             raise InvalidRequest(f"speech layout must be one of {', '.join(LAYOUTS)}, not {self.layout!r}")
+        if self.units not in UNITS:
+            raise InvalidRequest(f"speech text units must be one of {', '.join(UNITS)}, not {self.units!r}")
 
     @property
     def char_base(self) -> int:
@@ -82,17 +88,30 @@ class SpeechVocab:
         return self.num_tokens + len(SPECIALS) + self.voices.index(voice)
 
     def char_ids(self, text: str) -> list[int]:
+        """The text's unit ids: one per character, or per phoneme and punctuation mark."""
+        from specgen.modalities.speech.data import ALPHABET
+
         if not isinstance(text, str) or not text.strip():
             raise InvalidRequest("the text to speak is empty")
         text = _normalise(text)
-        bad = sorted({c for c in text if c not in self.chars})
+        readable = self.chars if self.units == "characters" else ALPHABET
+        bad = sorted({c for c in text if c not in readable})
         if bad:
-            marks = "".join(c for c in self.chars if not c.isalnum() and c != " ")
+            marks = "".join(c for c in readable if not c.isalnum() and c != " ")
             raise InvalidRequest(f"the text has characters the speech model cannot read: {''.join(bad)!r}; "
                                  f"use letters, digits, spaces and {marks!r}")
         if len(text) > MAX_TEXT_CHARS:
             raise InvalidRequest(f"the text has {len(text)} characters; at most {MAX_TEXT_CHARS} fit")
-        return [self.char_base + self.chars.index(c) for c in text]
+        units = text if self.units == "characters" else self._phonemes(text)
+        return [self.char_base + self.chars.index(c) for c in units]
+
+    def _phonemes(self, text: str) -> list[str]:
+        from specgen.modalities.speech import phonemes
+
+        units = phonemes.fit_to_inventory(phonemes.text_units(text), self.chars)
+        if not units:
+            raise InvalidRequest(f"none of the sounds of {text!r} is in the speech model's phoneme inventory")
+        return units
 
     def prompt_ids(self, text: str, voice: str = DEFAULT_VOICE) -> torch.Tensor:
         """[BOS, voice, characters, BOA] as int64."""
@@ -124,7 +143,7 @@ class SpeechVocab:
 
     def to_dict(self) -> dict:
         return {"num_tokens": self.num_tokens, "voices": list(self.voices), "chars": self.chars,
-                "layout": self.layout, "specials": {s: getattr(self, s) for s in SPECIALS},
+                "layout": self.layout, "units": self.units, "specials": {s: getattr(self, s) for s in SPECIALS},
                 "vocab_size": self.vocab_size}
 
     def save(self, path: str | Path) -> None:
@@ -138,13 +157,20 @@ class SpeechVocab:
         if not path.exists():
             raise ModelNotFound(f"no speech vocabulary at {str(path)!r}")
         d = json.loads(path.read_text())
-        return cls(num_tokens=int(d["num_tokens"]), voices=tuple(d["voices"]), chars=str(d["chars"]),
-                   layout=str(d.get("layout", "prefix")))
+        units = str(d.get("units", "characters"))
+        chars = str(d["chars"]) if units == "characters" else tuple(d["chars"])
+        return cls(num_tokens=int(d["num_tokens"]), voices=tuple(d["voices"]), chars=chars,
+                   layout=str(d.get("layout", "prefix")), units=units)
 
 
-def default_vocab(num_tokens: int = 1024, layout: str = "prefix") -> SpeechVocab:
+def default_vocab(num_tokens: int = 1024, layout: str = "prefix", inventory: tuple[str, ...] | None = None
+                  ) -> SpeechVocab:
+    """The corpus voices with characters, or with a phoneme inventory (`phonemes.inventory`) when given."""
     from specgen.modalities.speech import data
 
+    if inventory:
+        return SpeechVocab(num_tokens=num_tokens, voices=tuple(data.VOICES), chars=tuple(inventory), layout=layout,
+                           units="phonemes")
     return SpeechVocab(num_tokens=num_tokens, voices=tuple(data.VOICES), chars=data.ALPHABET, layout=layout)
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from specgen.errors import InvalidRequest, ModelNotFound
 from specgen.modalities.checkpoints import atomic_write as _atomic_write
 from specgen.modalities.checkpoints import restore
-from specgen.modalities.speech.align import load_durations
+from specgen.modalities.speech.align import load_durations, load_inventory
 
 ROLES = ("codec", "tokens", "target", "draft")
 DEFAULTS = {"target": (3600, 16, 1.5e-3), "draft": (4000, 16, 2e-3)}  # role -> steps, batch size, peak lr
@@ -69,26 +69,38 @@ def fit_codec(corpus: Path, out: Path, *, k: int = 1024, max_frames: int = 200_0
     return report
 
 
-def encode_corpus(corpus: Path, codec_dir: Path, out: Path) -> dict:
-    """tokens.npz in out: every utterance's acoustic tokens (concatenated uint16 + offsets), text and voice."""
+def encode_corpus(corpus: Path | list[Path], codec_dir: Path, out: Path, append: Path | None = None) -> dict:
+    """tokens.npz in out: every utterance's acoustic tokens (concatenated uint16 + offsets), text and voice, of
+    one corpus folder or several in order; `append`: a tokens folder encoded with the same codebook (a corpus whose
+    audio is gone) put after them, so its held-out last utterances stay last."""
     import numpy as np
 
     from specgen.modalities.speech import codec, data
 
     cd = codec.AcousticCodec.load(codec_dir)
-    utts = data.read_manifest(corpus)
-    tokens = [cd.encode(codec.read_wav(corpus / u.file)).numpy().astype(np.uint16) for u in utts]
+    rows = []  # (tokens, text, voice, id)
+    for folder in ([corpus] if isinstance(corpus, (str, Path)) else corpus):
+        rows += [(cd.encode(codec.read_wav(Path(folder) / u.file)).numpy().astype(np.uint16), u.text, u.voice, u.id)
+                 for u in data.read_manifest(Path(folder))]
+    if append is not None:
+        old, sha = load_tokens(append), _sha256(Path(codec_dir) / "codebook.safetensors")
+        if json.loads((Path(append) / "tokens.json").read_text()).get("codebook_sha256") != sha:
+            raise InvalidRequest(f"the tokens in {str(append)!r} were encoded with another codebook")
+        bounds = old["offsets"]
+        rows += [(old["tokens"][bounds[i]:bounds[i + 1]], str(t), str(v), str(k))
+                 for i, (t, v, k) in enumerate(zip(old["texts"], old["voices"], old["ids"]))]
+    tokens = [r[0] for r in rows]
     offsets = np.cumsum([0] + [len(t) for t in tokens]).astype(np.int64)
     out.mkdir(parents=True, exist_ok=True)
-    blob = {"tokens": np.concatenate(tokens), "offsets": offsets, "texts": np.array([u.text for u in utts]),
-            "voices": np.array([u.voice for u in utts]), "ids": np.array([u.id for u in utts])}
+    blob = {"tokens": np.concatenate(tokens), "offsets": offsets, "texts": np.array([r[1] for r in rows]),
+            "voices": np.array([r[2] for r in rows]), "ids": np.array([r[3] for r in rows])}
 
     def write(p):
         with open(p, "wb") as f:
             np.savez_compressed(f, **blob)
 
     _atomic_write(out / "tokens.npz", write)
-    info = {"utterances": len(utts), "tokens": int(offsets[-1]), "num_tokens": cd.num_tokens,
+    info = {"utterances": len(rows), "tokens": int(offsets[-1]), "num_tokens": cd.num_tokens,
             "codebook_sha256": _sha256(codec_dir / "codebook.safetensors"), "val_utterances": VAL_UTTERANCES}
     (out / "tokens.json").write_text(json.dumps(info, indent=1) + "\n")
     for p in out.iterdir():
@@ -175,7 +187,8 @@ class LMTask:
 
         self.cfg = cfg
         blob = load_tokens(Path(cfg.tokens))
-        self.vocab = default_vocab(num_tokens or int(blob.get("num_tokens", np.array(1024))), cfg.layout)
+        inventory = load_inventory(Path(cfg.tokens)) if cfg.layout == "interleaved" else None
+        self.vocab = default_vocab(num_tokens or int(blob.get("num_tokens", np.array(1024))), cfg.layout, inventory)
         offsets = blob["offsets"]
         codes = [blob["tokens"][offsets[i]:offsets[i + 1]].astype(np.int64) for i in range(len(offsets) - 1)]
         if int(max(c.max() for c in codes)) >= self.vocab.num_tokens:
@@ -188,6 +201,10 @@ class LMTask:
                                     "(make it with python -m specgen.modalities.speech.align)")
         elif any(len(c) > cfg.max_frames for c in codes):
             codes = [c[:cfg.max_frames] for c in codes]
+        if self.vocab.units == "phonemes":  # every word transcribed in one espeak-ng call, not one per sentence
+            from specgen.modalities.speech.phonemes import corpus_units
+
+            corpus_units([str(t) for t in blob["texts"]])
         built = [self.vocab.sequence(str(t), str(v), c, d)
                  for t, v, c, d in zip(blob["texts"], blob["voices"], codes, durations)]
         seqs = [s for s, _ in built]
@@ -434,8 +451,11 @@ def train(cfg: TrainConfig, resume: bool = True, export_only: bool = False) -> d
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m specgen.modalities.speech.train", description=__doc__.split("\n")[0])
     p.add_argument("--role", choices=ROLES, required=True)
-    p.add_argument("--corpus", type=Path,
-                   help="codec/tokens: the corpus folder (python -m specgen.modalities.speech.data)")
+    p.add_argument("--corpus", type=Path, nargs="+",
+                   help="codec/tokens: the corpus folder (python -m specgen.modalities.speech.data); tokens takes "
+                        "several, encoded in order")
+    p.add_argument("--append-tokens", type=Path, default=None,
+                   help="tokens: an encoded corpus (tokens.npz folder, same codebook) to put after --corpus")
     p.add_argument("--codec", type=Path, default=None,
                    help="tokens: the codebook folder (default: assets/speech/codec)")
     p.add_argument("--tokens", type=Path, default=None, help="target/draft: tokens.npz or its folder "
@@ -476,9 +496,9 @@ def main(argv: list[str] | None = None) -> int:
             if a.corpus is None or a.out is None:
                 p.error(f"--role {a.role} needs --corpus and --out")
             if a.role == "codec":
-                report = fit_codec(a.corpus, a.out, k=a.codebook_size, seed=a.seed)
+                report = fit_codec(a.corpus[0], a.out, k=a.codebook_size, seed=a.seed)
             else:
-                report = encode_corpus(a.corpus, a.codec or default_paths()["codec"], a.out)
+                report = encode_corpus(a.corpus, a.codec or default_paths()["codec"], a.out, a.append_tokens)
             print(json.dumps({k: v for k, v in report.items() if k != "inertia"}))
             return 0
         steps, batch, lr = DEFAULTS[a.role]

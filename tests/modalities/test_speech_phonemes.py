@@ -1,0 +1,121 @@
+"""Phoneme input for the speech models: espeak-ng's transcription, the phoneme vocabulary, alignment to phonemes,
+training and generation that speaks the phonemes in order; and appending an encoded corpus to new audio."""
+
+import dataclasses
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from specgen.errors import InvalidRequest
+from specgen.modalities.speech import phonemes
+from specgen.modalities.speech.codec import AcousticCodec, write_wav
+from specgen.modalities.speech.models import SpeechVocab, default_vocab
+
+pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
+
+TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=160)
+
+
+def test_text_units_are_sounds_and_punctuation():
+    assert phonemes.text_units("through rough, knight.") == ["T", "r", "u:", "r", "V", "f", ",", "n", "aI", "t", "."]
+    # stress marks are dropped; a number is read out; a batch of words equals one call per word
+    words = ["life", "1990", "you're", "pneumonia"]
+    batch = phonemes.transcribe(words)
+    phonemes._LEXICON.clear()
+    assert {w: phonemes.transcribe([w])[w] for w in words} == batch
+    assert all("'" not in u and "," not in u for units in batch.values() for u in units) and len(batch["1990"]) > 8
+    with pytest.raises(InvalidRequest, match="no sounds"):
+        phonemes.text_units("' .")
+
+
+def test_units_outside_the_inventory_are_mapped_or_dropped():
+    assert phonemes.fit_to_inventory(["a#", "T", "x", "."], ("a", "T", ".")) == ["a", "T", "."]
+    units = phonemes.corpus_units(["one two.", "three!"])
+    assert units == [["w", "V", "n", "t", "u:", "."], ["T", "r", "i:", "!"]]
+    assert set(phonemes.PUNCTUATION) <= set(phonemes.inventory(units))
+
+
+def test_phoneme_vocabulary_reads_text_and_round_trips(tmp_path):
+    inventory = phonemes.inventory(phonemes.corpus_units(["say one now.", "hello there"]))
+    vocab = default_vocab(32, "interleaved", inventory)
+    assert vocab.units == "phonemes" and vocab.vocab_size == 32 + 4 + 6 + len(inventory)
+    ids = vocab.char_ids("Say ONE now.")
+    assert [vocab.chars[i - vocab.char_base] for i in ids] == ["s", "eI", "w", "V", "n", "n", "aU", "."]
+    vocab.save(tmp_path / "vocab.json")
+    assert SpeechVocab.load(tmp_path) == vocab and json.loads((tmp_path / "vocab.json").read_text())["units"] == "phonemes"
+    with pytest.raises(InvalidRequest, match="cannot read"):
+        vocab.char_ids("caf\u00e9")
+    with pytest.raises(InvalidRequest, match="units"):
+        dataclasses.replace(vocab, units="syllables")
+    frames = list(range(12))
+    seq, prompt = vocab.sequence("say one now.", "slt", frames, [2, 1, 1, 1, 2, 1, 3, 1])
+    assert seq[prompt] == ids[0] and seq[prompt + 1:prompt + 3] == [0, 1] and seq[-1] == vocab.eos
+    with pytest.raises(InvalidRequest, match="duration"):
+        vocab.sequence("say one now.", "slt", frames, [12])  # one duration per character is not one per phoneme
+
+
+def test_phoneme_alignment_trains_a_model_that_speaks_in_order(tmp_path):
+    from specgen.modalities.speech.align import align_corpus, load_durations, load_inventory
+    from specgen.modalities.speech.generator import SpeechGenerator
+    from specgen.modalities.speech.train import TrainConfig, train
+
+    rng = np.random.default_rng(1)
+    texts = [f"say {w} now." for w in ("one", "two", "three", "four")] * 4
+    lengths = rng.integers(30, 45, size=len(texts))
+    np.savez_compressed(tmp_path / "tokens.npz", tokens=rng.integers(0, 32, size=int(lengths.sum())).astype(np.uint16),
+                        offsets=np.concatenate([[0], np.cumsum(lengths)]), num_tokens=np.array(32),
+                        texts=np.array(texts), voices=np.array(["slt", "awb"] * 8),
+                        ids=np.array([str(i) for i in range(len(texts))]))
+    AcousticCodec(torch.randn(32, 80, generator=torch.Generator().manual_seed(0))).save(tmp_path / "codec")
+    report = align_corpus(tmp_path, tmp_path / "codec", held_out=4, gaussian_rounds=1, network_rounds=1,
+                          units="phonemes", log=lambda m: None)
+    (tmp_path / "durations.json").write_text(json.dumps(report))
+    inventory = load_inventory(tmp_path)
+    assert report["units"] == "phonemes" and inventory == tuple(report["inventory"]) and "V" in inventory
+    units = phonemes.corpus_units(texts)
+    assert all(len(d) == len(u) and d.min() >= 1 and d.sum() == n
+               for d, u, n in zip(load_durations(tmp_path), units, lengths))
+    cfg = TrainConfig(role="target", steps=2, batch_size=4, lr=1e-3, tokens=str(tmp_path), run_dir=str(tmp_path / "run"),
+                      warmup=2, eval_every=1, overrides=TINY, layout="interleaved", out=str(tmp_path / "export"))
+    assert train(cfg)["steps"] == 2
+    generator = SpeechGenerator(tmp_path / "export", tmp_path / "export", tmp_path / "codec")
+    vocab = generator.vocab
+    assert vocab.units == "phonemes" and vocab.chars == inventory
+    runs = {}
+    for method in ("ar", "sd"):
+        runs[method] = generator.generate("say two now.", method=method, max_new_tokens=60, temperature=0,
+                                          decode=False)
+    assert runs["sd"].tokens == runs["ar"].tokens and max(runs["ar"].tokens) < 32
+    stream = [t for e in generator.stream("say two now.", method="ar", max_new_tokens=60, temperature=0)
+              for t in e.tokens]
+    spoken = [vocab.chars[t - vocab.char_base] for t in stream if t >= vocab.char_base]
+    assert spoken and spoken == phonemes.text_units("say two now.")[:len(spoken)]
+
+
+def test_encoding_appends_an_encoded_corpus_after_new_audio(tmp_path):
+    from specgen.modalities.speech.train import encode_corpus, load_tokens
+
+    codec = AcousticCodec(torch.randn(16, 80, generator=torch.Generator().manual_seed(0)))
+    codec.save(tmp_path / "codec")
+    rng = np.random.default_rng(0)
+    for name, count in (("a", 2), ("b", 3)):
+        folder = tmp_path / name
+        (folder / "wav").mkdir(parents=True)
+        with open(folder / "manifest.jsonl", "w") as f:
+            for i in range(count):
+                write_wav(folder / "wav" / f"{name}{i}.wav", 0.1 * rng.standard_normal(4000 + 800 * i))
+                f.write(json.dumps({"id": f"{name}{i}", "text": f"text {name} {i}", "voice": "slt",
+                                    "file": f"wav/{name}{i}.wav", "seconds": 0.3, "synth_s": 0.01}) + "\n")
+    encode_corpus(tmp_path / "b", tmp_path / "codec", tmp_path / "old")
+    info = encode_corpus([tmp_path / "a"], tmp_path / "codec", tmp_path / "all", append=tmp_path / "old")
+    merged, old = load_tokens(tmp_path / "all"), load_tokens(tmp_path / "old")
+    assert info["utterances"] == 5 and list(merged["ids"]) == ["a0", "a1", "b0", "b1", "b2"]
+    start = merged["offsets"][2]
+    assert np.array_equal(merged["tokens"][start:], old["tokens"]) and merged["offsets"][-1] - start == old["offsets"][-1]
+    AcousticCodec(torch.randn(16, 80)).save(tmp_path / "other")
+    with pytest.raises(InvalidRequest, match="another codebook"):
+        encode_corpus([tmp_path / "a"], tmp_path / "other", tmp_path / "bad", append=tmp_path / "old")
