@@ -87,7 +87,8 @@ def main() -> None:
     recogniser = Recogniser([u.text for _, u in held])
     held = [(i, u) for i, u in held if recogniser.covers(u.text)]
     started = time.perf_counter()
-    report = {"command": "python benchmarks/speech_exposure.py --model " + " ".join(args.model) + f" --n {args.n}",
+    report = {"command": "python benchmarks/speech_exposure.py --model " + " ".join(args.model)
+              + f" --corpus {args.corpus} --n {args.n}",
               "utterances": len(held), "models": {}}
     ceiling = [0, 0]
     for path in args.model:

@@ -184,8 +184,9 @@ def load_durations(tokens_dir: Path) -> list[np.ndarray] | None:
     if not path.exists():
         return None
     blob = np.load(path)
+    counts = blob["durations"].astype(np.int64)  # read once: each access to an npz member decompresses it again
     offsets = np.cumsum(np.concatenate([[0], blob["chars"].astype(np.int64)]))
-    return [blob["durations"][offsets[i]:offsets[i + 1]].astype(np.int64) for i in range(len(offsets) - 1)]
+    return [counts[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -67,11 +67,10 @@ def fit_to_inventory(units: list[str], inventory) -> list[str]:
     known = set(inventory)
     out = []
     for unit in units:
-        plain = re.sub(r"[^A-Za-z@]", "", unit)
+        if unit not in known:
+            unit = re.sub(r"[^A-Za-z@]", "", unit)
         if unit in known:
             out.append(unit)
-        elif plain in known:
-            out.append(plain)
     return out
 
 
