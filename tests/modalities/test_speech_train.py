@@ -77,8 +77,10 @@ def test_train_speech_command_runs_two_steps_then_resumes(tmp_path, capsys):
     assert main([*argv, "--steps", "2"]) == 0
     assert main([*argv, "--steps", "3"]) == 0
     summary = json.loads((tmp_path / "run" / "training.json").read_text())
-    assert summary["steps"] == 3 and summary["resumed_from_steps"] == [2] and summary["params"] == 677_760
+    assert summary["steps"] == 3 and summary["resumed_from_steps"] == [2] and summary["params"] == 686_208
     assert summary["layout"] == "interleaved"  # auto: the shipped corpus has durations
+    vocab = json.loads((tmp_path / "run" / "export" / "vocab.json").read_text())
+    assert vocab["units"] == "phonemes" and len(vocab["chars"]) == 76  # aligned to phonemes: durations.json says so
     distilled = ["--threads", "1", "train", "speech", "--role", "draft", "--tokens", str(SHIPPED / "corpus"),
                  "--out", str(tmp_path / "kd"), "--teacher", str(SHIPPED / "target"), "--steps", "1"]
     assert main(distilled) == 0
