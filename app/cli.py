@@ -317,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
                                help="which of the head methods get the quality measurement (default: all run)")
         if modality == "speech":
             p.add_argument("--thetas", type=_float_list(0.0, 1.0), metavar="T,T,...",
-                           help="pcg group thresholds to sweep (default when pcg runs: 0.4,0.3,0.25,0.2; pcg's "
+                           help="pcg group thresholds to sweep (default when pcg runs: 0.5,0.4,0.3,0.25; pcg's "
                                 "default theta always runs)")
             p.add_argument("--betas", type=_float_list(0.0, 1.0), metavar="B,B,...",
                            help="ssd tolerances to sweep (default: ssd's default beta only)")

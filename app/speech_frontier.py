@@ -19,7 +19,7 @@ import numpy as np
 
 from specgen.modalities.speech.quality import bootstrap_mean_ci
 
-DEFAULT_THETAS = (0.4, 0.3, 0.25, 0.2)
+DEFAULT_THETAS = (0.5, 0.4, 0.3, 0.25)
 SWEPT_KNOBS = {"pcg": "theta", "ssd": "beta"}
 GREEK = {"theta": "θ", "beta": "β"}
 

@@ -251,11 +251,12 @@ class ChoiceKnob(Knob):
 
 
 SPEECH_DRAFT_TOKENS = Knob("num_draft_tokens", int, 4, NUM_DRAFT_TOKENS.help, 1, 64)
-# Defaults for the shipped 1024-token codebook (docs/speech.md, "PCG and SSD"): theta 0.25 gives groups of 4.5
-# tokens on average (0.4 % of the codebook, 10 % singletons) whose log-mel centroids sit at 0.57 of the distance
-# between random tokens; beta 0.1 bounds each token's total variation from the target by 0.1. The measured
-# speed/quality frontier (docs/speech.md, Results) found no theta within its quality bound, so 0.25 stays.
-PCG_THETA = 0.25
+# Defaults for the shipped phoneme target and its 1024-token codebook (docs/speech.md, "PCG and SSD" and the
+# frontier under Results): theta 0.5 gives groups of 1.4 tokens on average (74 % singletons), the only theta of the
+# measured frontier whose generation stays within the quality bound (dWER upper 95 % bound +0.022); 0.4 and below
+# make groups of 3.6-34 tokens that cost +0.38 WER or more in the token-swap test. beta 0.1 bounds each token's
+# total variation from the target by 0.1.
+PCG_THETA = 0.5
 SSD_BETA = 0.1
 register(MethodSpec("ar", "speech", True, "plain autoregressive decoding of the speech token model (the baseline)",
                     drafter=None, rule="none"))

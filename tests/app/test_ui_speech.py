@@ -48,4 +48,4 @@ def test_knob_widgets_follow_the_registry():
         widgets = _knob_widgets(gr, "pcg")
     assert list(widgets) == ["theta", "beta", "residual"]
     assert widgets["theta"].visible and not widgets["beta"].visible and widgets["residual"].visible
-    assert widgets["theta"].value == 0.25 and widgets["beta"].value == 0.1 and widgets["residual"].value == "explicit"
+    assert widgets["theta"].value == 0.5 and widgets["beta"].value == 0.1 and widgets["residual"].value == "explicit"

@@ -39,7 +39,8 @@ def test_theta_sweep_runs_end_to_end_and_writes_report_and_plot(tiny, tmp_path):
     assert set(result["methods"]) == {"ar", "sd", "ssd", "pcg"}
     frontier = result["frontier"]
     rows = {r["variant"]: r for r in frontier["rows"]}
-    assert set(rows) == {"ar", "sd", "ssd beta=0.1", "pcg theta=1", "pcg theta=0.25"}
+    # the registry's default theta (0.5) joins every sweep
+    assert set(rows) == {"ar", "sd", "ssd beta=0.1", "pcg theta=1", "pcg theta=0.5", "pcg theta=0.25"}
     for row in rows.values():
         assert row["speedup_vs_ar"] > 0 and row["speedup_vs_sd"] > 0 and 0 <= row["wer"] and -1 <= row["similarity"] <= 1
     for key in ("sd", "ssd beta=0.1", "pcg theta=1", "pcg theta=0.25"):
@@ -53,7 +54,7 @@ def test_theta_sweep_runs_end_to_end_and_writes_report_and_plot(tiny, tmp_path):
     scored = [i for i in result["items"] if not i.get("greedy")]
     assert all({"edits", "words", "similarity", "speedup_vs_sd"} <= set(i) for i in scored)
     swaps = {s["theta"]: s for s in frontier["swap_test"]}
-    assert set(swaps) == {1.0, 0.25} and swaps[1.0]["utterances"] == 3
+    assert set(swaps) == {1.0, 0.5, 0.25} and swaps[1.0]["utterances"] == 3
     assert swaps[1.0]["swapped_fraction"] == 0 and swaps[1.0]["delta_wer"] == 0 and swaps[1.0]["mel_l1"] == 0
     assert swaps[0.25]["swapped_fraction"] > 0
     assert frontier["speaker_proxy"]["utterances"] == 3 and frontier["choice"]["bound"]["delta_wer_max"] == 0.03
