@@ -159,6 +159,25 @@ def save_tiny_speech_corpus(folder, *, num_tokens, voices=("slt", "awb"), uttera
     return folder
 
 
+def save_say_corpus(folder):
+    """16 random-token utterances of "say one/two/three/four now." (30-44 frames, voices slt and awb in turn) and a
+    random 32-token codebook in folder/codec: a corpus small enough to align and train on in seconds.
+    Returns (texts, frame counts)."""
+    import numpy as np
+
+    from specgen.modalities.speech.codec import AcousticCodec
+
+    rng = np.random.default_rng(1)
+    texts = [f"say {w} now." for w in ("one", "two", "three", "four")] * 4
+    lengths = rng.integers(30, 45, size=len(texts))
+    np.savez_compressed(folder / "tokens.npz", tokens=rng.integers(0, 32, size=int(lengths.sum())).astype(np.uint16),
+                        offsets=np.concatenate([[0], np.cumsum(lengths)]), num_tokens=np.array(32),
+                        texts=np.array(texts), voices=np.array(["slt", "awb"] * 8),
+                        ids=np.array([str(i) for i in range(len(texts))]))
+    AcousticCodec(torch.randn(32, 80, generator=torch.Generator().manual_seed(0))).save(folder / "codec")
+    return texts, lengths
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

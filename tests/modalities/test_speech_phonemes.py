@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from tiny_models import save_say_corpus
+
 from specgen.errors import InvalidRequest
 from specgen.modalities.speech import phonemes
 from specgen.modalities.speech.codec import AcousticCodec, write_wav
@@ -63,14 +65,7 @@ def test_phoneme_alignment_trains_a_model_that_speaks_in_order(tmp_path):
     from specgen.modalities.speech.generator import SpeechGenerator
     from specgen.modalities.speech.train import TrainConfig, train
 
-    rng = np.random.default_rng(1)
-    texts = [f"say {w} now." for w in ("one", "two", "three", "four")] * 4
-    lengths = rng.integers(30, 45, size=len(texts))
-    np.savez_compressed(tmp_path / "tokens.npz", tokens=rng.integers(0, 32, size=int(lengths.sum())).astype(np.uint16),
-                        offsets=np.concatenate([[0], np.cumsum(lengths)]), num_tokens=np.array(32),
-                        texts=np.array(texts), voices=np.array(["slt", "awb"] * 8),
-                        ids=np.array([str(i) for i in range(len(texts))]))
-    AcousticCodec(torch.randn(32, 80, generator=torch.Generator().manual_seed(0))).save(tmp_path / "codec")
+    texts, lengths = save_say_corpus(tmp_path)
     report = align_corpus(tmp_path, tmp_path / "codec", held_out=4, gaussian_rounds=1, network_rounds=1,
                           units="phonemes", log=lambda m: None)
     (tmp_path / "durations.json").write_text(json.dumps(report))

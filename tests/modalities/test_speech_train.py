@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from tiny_models import save_say_corpus
+
 from specgen.errors import InvalidRequest
 from specgen.modalities.speech.codec import AcousticCodec
 from specgen.modalities.speech.generator import SpeechGenerator
@@ -94,14 +96,7 @@ def test_aligned_corpus_trains_the_interleaved_layout(tmp_path):
     """align -> durations.npz -> an interleaved bf16 run -> an export whose generation speaks the text in order."""
     from specgen.modalities.speech.align import align_corpus, load_durations
 
-    rng = np.random.default_rng(1)
-    texts = [f"say {w} now." for w in ("one", "two", "three", "four")] * 4
-    lengths = rng.integers(30, 45, size=len(texts))
-    np.savez_compressed(tmp_path / "tokens.npz", tokens=rng.integers(0, 32, size=int(lengths.sum())).astype(np.uint16),
-                        offsets=np.concatenate([[0], np.cumsum(lengths)]), num_tokens=np.array(32),
-                        texts=np.array(texts), voices=np.array(["slt", "awb"] * 8),
-                        ids=np.array([str(i) for i in range(len(texts))]))
-    AcousticCodec(torch.randn(32, 80, generator=torch.Generator().manual_seed(0))).save(tmp_path / "codec")
+    texts, lengths = save_say_corpus(tmp_path)
     report = align_corpus(tmp_path, tmp_path / "codec", held_out=4, gaussian_rounds=1, network_rounds=1,
                           log=lambda m: None)
     durations = load_durations(tmp_path)
