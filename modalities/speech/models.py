@@ -8,10 +8,10 @@ Two sequence layouts (`SpeechVocab.layout`):
   (or a frame, or EOS after the last character's frames), so the model chooses *when* to move on, never *where*.
 The text is read as characters, or as phonemes (`SpeechVocab.units`, `phonemes.py`: espeak-ng's transcription,
 one unit per sound and punctuation mark; the unit list is the model's `vocab.json` "chars"), and the "characters"
-of both layouts are then those units. Acoustic tokens keep their codebook ids (0 .. num_tokens-1); the special tokens, the voice tokens and the
-characters follow them. The loss is taken on everything after BOA. Shipped models live in
-`assets/speech/{codec,target,draft}` (`SPECGEN_ASSETS` overrides the assets folder as it does for text and image);
-each model folder carries its `vocab.json`.
+of both layouts are then those units. Acoustic tokens keep their codebook ids (0 .. num_tokens-1); the special
+tokens, the voice tokens and the characters follow them. The loss is taken on everything after BOA. Shipped models
+live in `assets/speech/{codec,target,draft}` (`SPECGEN_ASSETS` overrides the assets folder as it does for text and
+image); each model folder carries its `vocab.json`.
 """
 
 from __future__ import annotations

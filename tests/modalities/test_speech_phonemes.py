@@ -48,7 +48,8 @@ def test_phoneme_vocabulary_reads_text_and_round_trips(tmp_path):
     ids = vocab.char_ids("Say ONE now.")
     assert [vocab.chars[i - vocab.char_base] for i in ids] == ["s", "eI", "w", "V", "n", "n", "aU", "."]
     vocab.save(tmp_path / "vocab.json")
-    assert SpeechVocab.load(tmp_path) == vocab and json.loads((tmp_path / "vocab.json").read_text())["units"] == "phonemes"
+    assert SpeechVocab.load(tmp_path) == vocab
+    assert json.loads((tmp_path / "vocab.json").read_text())["units"] == "phonemes"
     with pytest.raises(InvalidRequest, match="cannot read"):
         vocab.char_ids("caf\u00e9")
     with pytest.raises(InvalidRequest, match="units"):
@@ -74,8 +75,9 @@ def test_phoneme_alignment_trains_a_model_that_speaks_in_order(tmp_path):
     units = phonemes.corpus_units(texts)
     assert all(len(d) == len(u) and d.min() >= 1 and d.sum() == n
                for d, u, n in zip(load_durations(tmp_path), units, lengths))
-    cfg = TrainConfig(role="target", steps=2, batch_size=4, lr=1e-3, tokens=str(tmp_path), run_dir=str(tmp_path / "run"),
-                      warmup=2, eval_every=1, overrides=TINY, layout="interleaved", out=str(tmp_path / "export"))
+    cfg = TrainConfig(role="target", steps=2, batch_size=4, lr=1e-3, tokens=str(tmp_path),
+                      run_dir=str(tmp_path / "run"), warmup=2, eval_every=1, overrides=TINY, layout="interleaved",
+                      out=str(tmp_path / "export"))
     assert train(cfg)["steps"] == 2
     generator = SpeechGenerator(tmp_path / "export", tmp_path / "export", tmp_path / "codec")
     vocab = generator.vocab
@@ -110,7 +112,8 @@ def test_encoding_appends_an_encoded_corpus_after_new_audio(tmp_path):
     merged, old = load_tokens(tmp_path / "all"), load_tokens(tmp_path / "old")
     assert info["utterances"] == 5 and list(merged["ids"]) == ["a0", "a1", "b0", "b1", "b2"]
     start = merged["offsets"][2]
-    assert np.array_equal(merged["tokens"][start:], old["tokens"]) and merged["offsets"][-1] - start == old["offsets"][-1]
+    assert np.array_equal(merged["tokens"][start:], old["tokens"])
+    assert merged["offsets"][-1] - start == old["offsets"][-1]
     AcousticCodec(torch.randn(16, 80)).save(tmp_path / "other")
     with pytest.raises(InvalidRequest, match="another codebook"):
         encode_corpus([tmp_path / "a"], tmp_path / "other", tmp_path / "bad", append=tmp_path / "old")
