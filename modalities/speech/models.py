@@ -124,7 +124,7 @@ class SpeechVocab:
         frames = [int(f) for f in frames]
         if self.layout == "prefix":
             return prompt + frames + [self.eos], len(prompt)
-        chars = self.char_ids(text)
+        chars = prompt[2:-1]  # [BOS, voice, characters, BOA]: the text read once, not again
         if durations is None or len(durations) != len(chars) or sum(durations) != len(frames) or min(durations) < 1:
             raise InvalidRequest("the interleaved layout needs one duration >= 1 per character, summing to the frames")
         body, at = [], 0

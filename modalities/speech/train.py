@@ -78,13 +78,14 @@ def encode_corpus(corpus: Path | list[Path], codec_dir: Path, out: Path, append:
     from specgen.modalities.speech import codec, data
 
     cd = codec.AcousticCodec.load(codec_dir)
+    codebook_sha = _sha256(Path(codec_dir) / "codebook.safetensors")
     rows = []  # (tokens, text, voice, id)
     for folder in ([corpus] if isinstance(corpus, (str, Path)) else corpus):
         rows += [(cd.encode(codec.read_wav(Path(folder) / u.file)).numpy().astype(np.uint16), u.text, u.voice, u.id)
                  for u in data.read_manifest(Path(folder))]
     if append is not None:
-        old, sha = load_tokens(append), _sha256(Path(codec_dir) / "codebook.safetensors")
-        if json.loads((Path(append) / "tokens.json").read_text()).get("codebook_sha256") != sha:
+        old = load_tokens(append)
+        if json.loads((Path(append) / "tokens.json").read_text()).get("codebook_sha256") != codebook_sha:
             raise InvalidRequest(f"the tokens in {str(append)!r} were encoded with another codebook")
         bounds = old["offsets"]
         rows += [(old["tokens"][bounds[i]:bounds[i + 1]], str(t), str(v), str(k))
@@ -101,7 +102,7 @@ def encode_corpus(corpus: Path | list[Path], codec_dir: Path, out: Path, append:
 
     _atomic_write(out / "tokens.npz", write)
     info = {"utterances": len(rows), "tokens": int(offsets[-1]), "num_tokens": cd.num_tokens,
-            "codebook_sha256": _sha256(codec_dir / "codebook.safetensors"), "val_utterances": VAL_UTTERANCES}
+            "codebook_sha256": codebook_sha, "val_utterances": VAL_UTTERANCES}
     (out / "tokens.json").write_text(json.dumps(info, indent=1) + "\n")
     for p in out.iterdir():
         p.chmod(0o644)
@@ -368,9 +369,8 @@ def train(cfg: TrainConfig, resume: bool = True, export_only: bool = False) -> d
     task = LMTask(cfg)
     model = task.model
     tokens_file = Path(cfg.tokens) / "tokens.npz" if Path(cfg.tokens).is_dir() else Path(cfg.tokens)
-    fixed = {"role": cfg.role, "batch_size": cfg.batch_size, "seed": cfg.seed, "tokens_sha256": _sha256(tokens_file),
-             "layout": cfg.layout, "teacher": cfg.teacher, "input_noise": cfg.input_noise,
-             "noise_source": cfg.noise_source, "init": cfg.init}
+    fixed = {k: getattr(cfg, k) for k in TrainConfig.FIXED if k != "tokens_sha256"}
+    fixed["tokens_sha256"] = _sha256(tokens_file)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.05)
     ckpt_path, metrics_path = run_dir / "checkpoint.pt", run_dir / "metrics.jsonl"
     state = {"step": 0, "elapsed_s": 0.0, "recent_losses": [], "eval": {}, "resumed_from": []}
