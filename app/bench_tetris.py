@@ -1,6 +1,7 @@
 """TETRIS against fixed-length drafting for a batch of different requests, under the same verification budget.
 
     python -m specgen.app.bench_tetris [--batch-size 8] [--capacity 16] [--max-draft 6] [--max-new-tokens 96]
+                                       [--steps N | --requests N]
 
 One batch of `--batch-size` text prompts (from benchmarks/prompts/text.jsonl, cycled) is decoded to the same
 number of new tokens by: plain decoding (`ar`); a chain of fixed length γ = capacity / batch per row (`fixed`: the
@@ -10,10 +11,13 @@ and unsure rows short ones). Both speculative runs verify at most `capacity` dra
 from the code draft model (`--drafter model`, estimate: its confidence) or from prompt lookup (`--drafter ngram`,
 estimate: each row's acceptance so far). `--slot-cost` (default: measured on the batch) lets TETRIS leave a draft
 unverified when its estimate does not pay for its slot.
+Three settings: a static batch (every row to --max-new-tokens, the slowest sets the steps), a steady state
+(--steps: rows never finish), and a served queue (--requests: that many requests, the prompts cycled, through
+--batch-size rows by continuous batching, a finished request's row taking the next one).
 Reported per run: throughput (committed tokens per second over the whole batch; in the steady state, over steps
 1 onwards, the prefill left out), steps, drafted and accepted tokens, and, at temperature 0, whether every row
 equals plain greedy decoding. Written to
-benchmarks/tetris-{static,steady}-<timestamp>.{json,md} and tetris-{static,steady}-latest.{json,md}.
+benchmarks/tetris-{static,steady,serve}-<timestamp>.{json,md} and tetris-<setting>-latest.{json,md}.
 """
 
 from __future__ import annotations
@@ -30,11 +34,13 @@ from specgen.errors import InvalidRequest
 
 
 def _decode(generator, prompts, drafter, policy, *, max_new_tokens: int, temperature: float, seed: int,
-            steps: int = 0) -> dict:
-    """One batch, every row to max_new_tokens (stop tokens ignored so every run does the same work); with
-    `steps` > 0, only that many verification steps (rows never run out: a server that always has work), and the
-    throughput is that of steps 1 onwards (the prompts' prefill and step 0, the same work for every run, left
-    out: a steady state has no prefill)."""
+            steps: int = 0, batch_size: int = 0) -> dict:
+    """Every request to max_new_tokens (stop tokens ignored so every run does the same work). `batch_size` > 0:
+    continuous batching, that many rows serving `prompts` as a queue (a finished request's row takes the next
+    one), throughput over the whole run. Else one batch of all `prompts`; with `steps` > 0, only that many
+    verification steps (rows never run out: a server that always has work), and the throughput is that of steps
+    1 onwards (the prompts' prefill and step 0, the same work for every run, left out: a steady state has no
+    prefill). Tokens are returned per request."""
     from specgen.samplers.acceptance import make_rule
     from specgen.samplers.loop import speculative_generate
     from specgen.samplers.processing import Processing
@@ -43,18 +49,21 @@ def _decode(generator, prompts, drafter, policy, *, max_new_tokens: int, tempera
     processing = Processing(temperature=temperature)
     prompt_ids = [generator.encode(p) for p in prompts]
     capacity = max(len(p) for p in prompt_ids) + max_new_tokens + 64
+    first = len(prompt_ids) if not batch_size else batch_size
+    queue = None if not batch_size else iter(list(enumerate(prompt_ids))[first:])
     stats = SpecStats()
     tokens: list[list[int]] = [[] for _ in prompts]
     started = time.perf_counter()
     steady_from, steady_tokens = None, 0  # the end of step 0, and the tokens committed after it
     for event in speculative_generate(generator.target(capacity), drafter,
-                                      make_rule("chain", processing), prompt_ids, processing=processing,
-                                      max_new_tokens=max_new_tokens, policy=policy, seed=seed, stats=stats):
+                                      make_rule("chain", processing), prompt_ids[:first], processing=processing,
+                                      max_new_tokens=max_new_tokens, policy=policy, seed=seed, stats=stats,
+                                      queue=queue):
         if steps and event.step >= steps:
             break
         if event.step == 0 and steady_from is None:
             steady_from = time.perf_counter()
-        tokens[event.row].extend(event.tokens)
+        tokens[event.sample].extend(event.tokens)
         steady_tokens += len(event.tokens) if event.step > 0 else 0
     finished = time.perf_counter()
     wall_s = finished - started
@@ -69,7 +78,7 @@ def _decode(generator, prompts, drafter, policy, *, max_new_tokens: int, tempera
 def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_size: int = 8, capacity: int = 16,
                      max_draft: int = 6, max_new_tokens: int = 96, temperature: float = 0.0, repeats: int = 3,
                      seed: int = 0, steps: int = 0, drafter: str = "model", estimate: str | None = None,
-                     slot_cost: float | None = None) -> dict:
+                     slot_cost: float | None = None, requests: int = 0) -> dict:
     import torch
     from tqdm import tqdm
 
@@ -93,7 +102,10 @@ def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_
         generator = TextGenerator(*shipped_code_pair())
     prompts_path = prompts_path or benchmarks_dir() / "prompts" / "text.jsonl"
     texts = [p.prompt for p in load_prompts(prompts_path)]
+    if requests and (requests < batch_size or steps):
+        raise InvalidRequest("--requests needs at least --batch-size requests and no --steps")
     batch = [texts[i % len(texts)] for i in range(batch_size)]
+    served = [texts[i % len(texts)] for i in range(requests)]  # the queue, when serving one
     vocab = generator.model.config.vocab_size
 
     def chain_drafter():
@@ -115,6 +127,8 @@ def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_
     if steps:  # room for every row to commit max_draft + 1 tokens a step
         max_new_tokens = steps * (max_draft + 1)
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, steps=steps)
+    if requests:
+        batch, options["batch_size"] = served, batch_size
     _decode(generator, batch, *configs["ar"](), **options, seed=seed)  # warm-up
     with tqdm(total=repeats * len(configs), desc="bench tetris", unit="run", file=sys.stderr) as progress:
         for repeat in range(repeats):  # interleaved, so load drifts hit every config alike
@@ -136,7 +150,7 @@ def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_
     return {"table": table, "tetris_over_fixed": tetris["tokens_per_s"] / fixed["tokens_per_s"],
             "env": {"timestamp_utc": datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"), **source_state(),
                     "drafter": drafter, "estimate": estimate, "slot_cost": slot_cost, "batch_size": batch_size,
-                    "capacity": capacity, "steps": steps, "max_draft": max_draft, "gamma": gamma,
+                    "capacity": capacity, "steps": steps, "requests": requests, "max_draft": max_draft, "gamma": gamma,
                     "max_new_tokens": max_new_tokens, "temperature": temperature, "repeats": repeats,
                     "prompts": str(prompts_path), "model": str(generator.model_path),
                     "draft": str(generator.draft_path), "threads": torch.get_num_threads(),
@@ -190,15 +204,24 @@ def _agree(rows: list[list[int]], reference: list[list[int]]) -> bool:
     return all(a[:min(len(a), len(b))] == b[:min(len(a), len(b))] for a, b in zip(rows, reference))
 
 
+def _setting(env: dict) -> str:
+    if env.get("requests"):
+        return (f"{env['requests']} requests ({env['max_new_tokens']} new tokens each, the prompts cycled) served "
+                f"by continuous batching in {env['batch_size']} rows (a finished request's row takes the next one; "
+                "throughput over the whole run)")
+    if env.get("steps"):
+        return (f"Batch of {env['batch_size']} different prompts run for {env['steps']} verification steps (rows "
+                "never finish: the steady state of a server that always has requests)")
+    return (f"Batch of {env['batch_size']} different prompts, {env['max_new_tokens']} new tokens each (static "
+            "batch: the slowest row sets the number of steps)")
+
+
 def render_markdown(result: dict) -> str:
     env = result["env"]
     lines = ["# TETRIS vs fixed-length drafting", "",
              f"{env['timestamp_utc']} · commit {(env.get('git_commit') or '?')[:12]} · {env['cpu_model']} · "
              f"{env['threads']} thread(s) · load {env['load_before']} → {env['load_after']}", "",
-             (f"Batch of {env['batch_size']} different prompts run for {env['steps']} verification steps (rows never "
-              "finish: the steady state of a server that always has requests)" if env.get("steps") else
-              f"Batch of {env['batch_size']} different prompts, {env['max_new_tokens']} new tokens each (static "
-              "batch: the slowest row sets the number of steps)") + ", temperature "
+             _setting(env) + ", temperature "
              f"{env['temperature']}, at most {env['capacity']} drafted tokens verified per step "
              f"(fixed: γ = {env['gamma']} per row; TETRIS: up to {env['max_draft']} per row, best {env['capacity']} "
              f"kept); median of {env['repeats']} interleaved repeats.", "",
@@ -227,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=96, help="static batch (--steps 0): tokens per row")
     p.add_argument("--steps", type=int, default=0,
                    help="run this many verification steps instead, rows never finishing (default: 0, off)")
+    p.add_argument("--requests", type=int, default=0,
+                   help="serve this many requests (the prompts cycled) by continuous batching in --batch-size rows, "
+                        "each to --max-new-tokens (default: 0, one batch)")
     p.add_argument("--drafter", choices=list(DRAFTERS), default="model",
                    help="model: the shipped code draft; ngram: prompt lookup in each row's own context")
     p.add_argument("--estimate", choices=["confidence", "history"], default=None,
@@ -243,13 +269,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     result = run_bench_tetris(batch_size=a.batch_size, capacity=a.capacity, max_draft=a.max_draft,
                               max_new_tokens=a.max_new_tokens, temperature=a.temperature, repeats=a.repeats,
-                              steps=a.steps, drafter=a.drafter, estimate=a.estimate, slot_cost=a.slot_cost)
+                              steps=a.steps, drafter=a.drafter, estimate=a.estimate, slot_cost=a.slot_cost,
+                              requests=a.requests)
     result["env"]["command"] = "python -m specgen.app.bench_tetris " + " ".join(argv if argv is not None
                                                                                 else sys.argv[1:])
     out = a.out_dir or benchmarks_dir()
     out.mkdir(parents=True, exist_ok=True)
     stamp = result["env"]["timestamp_utc"]
-    kind = "steady" if a.steps else "static"
+    kind = "serve" if a.requests else "steady" if a.steps else "static"
     for name in (f"tetris-{kind}-{stamp}", f"tetris-{kind}-latest"):
         (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
         (out / f"{name}.md").write_text(render_markdown(result))

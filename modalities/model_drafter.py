@@ -163,7 +163,9 @@ class ModelDrafter:
                 tokens[i, :count], tokens[i, count:count + u] = pending[i, :count], feed[i]
         length = counts + u
         at = first[:, None] - counts[:, None] + torch.arange(tokens.shape[1])  # [rows, w]
-        logits = self.engine.score(self._draft_ids(tokens), at, rows)  # [rows, w, vocab]
+        # a ragged backlog (a row that just took a new request feeds its whole prompt): padding is not scored
+        valid = length if bool((length < tokens.shape[1]).any()) else None
+        logits = self.engine.score(self._draft_ids(tokens), at, rows, valid=valid)  # [rows, w, vocab]
         self.forward_calls += 1
         self.engine.commit(torch.arange(tokens.shape[1]) < length[:, None], rows)
         return logits[torch.arange(len(rows)), length - 1]

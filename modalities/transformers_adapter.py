@@ -142,10 +142,18 @@ class TransformersTarget:
     def prefill(self, prompts: Sequence[torch.Tensor]) -> None:
         """Cache every prompt token but the last (the pending token) of every row."""
         self.cache = PositionCache(len(prompts), self.capacity)
+        self.prefill_rows(prompts, torch.arange(len(prompts)))
+
+    def prefill_rows(self, prompts: Sequence[torch.Tensor], rows: torch.Tensor) -> None:
+        """Give batch rows `rows` new contexts (a finished request's row taking the next one): their caches are
+        emptied and hold every prompt token but the last; the other rows are untouched."""
+        if self.cache is None:
+            raise InvalidRequest("prefill the batch before giving rows new contexts")
         lengths = [len(p) - 1 for p in prompts]
         if max(lengths) + 1 > self.capacity:
             raise InvalidRequest(f"a prompt of {max(lengths) + 1} tokens exceeds the model's maximum length of "
                                  f"{self.capacity} tokens")
+        self.cache.lengths[rows] = 0
         if max(lengths) == 0:
             return
         width = max(lengths)
@@ -157,7 +165,6 @@ class TransformersTarget:
         # padded slots attend only to themselves; their keys are never kept
         mask = torch.ones(width, width, dtype=torch.bool).tril() & valid[:, None, :]
         mask |= torch.eye(width, dtype=torch.bool)
-        rows = torch.arange(len(prompts))
         self._forward(tokens, positions, rows, mask, logits_to_keep=1)
         self.cache.commit(valid)
 

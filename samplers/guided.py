@@ -28,14 +28,24 @@ class GuidedTarget:
         return getattr(self.inner, "forward_calls", 0)
 
     def prefill(self, prompts: Sequence[torch.Tensor]) -> None:
-        uncond = [torch.as_tensor(self.uncond_prompt(p), dtype=torch.long).flatten() for p in prompts]
-        if any(len(u) != len(p) for u, p in zip(uncond, prompts)):
-            raise InvalidRequest("a guided model's unconditioned prompt must have the conditioned prompt's length")
+        uncond = self._uncond(prompts)
         self.batch = len(prompts)
         # until a row has generated a token, its pending (last prompt) token differs between the two halves
         self.uncond_last = torch.tensor([int(u[-1]) for u in uncond])
         self.last_prompt_position = torch.tensor([len(p) - 1 for p in prompts])
         self.inner.prefill(list(prompts) + uncond)
+
+    def prefill_rows(self, prompts: Sequence[torch.Tensor], rows: torch.Tensor) -> None:
+        uncond, rows = self._uncond(prompts), torch.as_tensor(rows)
+        self.uncond_last[rows] = torch.tensor([int(u[-1]) for u in uncond])
+        self.last_prompt_position[rows] = torch.tensor([len(p) - 1 for p in prompts])
+        self.inner.prefill_rows(list(prompts) + uncond, torch.cat([rows, rows + self.batch]))
+
+    def _uncond(self, prompts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        uncond = [torch.as_tensor(self.uncond_prompt(p), dtype=torch.long).flatten() for p in prompts]
+        if any(len(u) != len(p) for u, p in zip(uncond, prompts)):
+            raise InvalidRequest("a guided model's unconditioned prompt must have the conditioned prompt's length")
+        return uncond
 
     def score(self, tokens, positions, rows, tree_mask=None, valid=None):
         both = lambda x: None if x is None else torch.cat([x, x])  # noqa: E731

@@ -202,19 +202,24 @@ class TetrisDrafter:
             raise InvalidRequest(f"unknown TETRIS estimate {estimate!r}; choose from {', '.join(self.ESTIMATES)}")
         self.inner, self.capacity, self.estimate = inner, capacity, estimate
         self.decay, self.prior, self.slot_cost = decay, prior, slot_cost
-        self._tested: dict[int, list[float]] = {}  # row -> [decayed accepted, decayed tested]
-        self._rows: list[int] = []
+        # sample id -> [decayed accepted, decayed tested]: keyed by request, not batch row, so a row that takes a
+        # new request (a served queue) starts from the batch's rate
+        self._tested: dict[int, list[float]] = {}
+        self._samples: list[int] = []
 
     def propose(self, ctx, budget: int):
         from specgen.samplers.types import Draft
 
         draft = self.inner.propose(ctx, budget)
-        self._rows = ctx.rows.tolist()
+        self._samples = ctx.sample_ids.tolist()
+        # finished requests leave the batch's rate
+        self._tested = {sample: self._tested[sample] for sample in self._samples if sample in self._tested}
         if draft.length == 0:
             return draft
         if self.estimate == "history":
             pooled = self._pooled_rate()
-            rates = torch.tensor([self.acceptance_rate(row, pooled) for row in self._rows], dtype=torch.double)
+            rates = torch.tensor([self.acceptance_rate(sample, pooled) for sample in self._samples],
+                                 dtype=torch.double)
             estimates = rates[:, None].expand(-1, draft.length)
         elif draft.draft_probs is None:
             return draft
@@ -228,10 +233,10 @@ class TetrisDrafter:
         kept = tetris_select(estimates, self.capacity, draft.drafted(), self.slot_cost)
         return Draft(draft.tokens, draft.draft_probs, kept, draft.vocab_ids)
 
-    def acceptance_rate(self, row: int, pooled: float | None = None) -> float:
-        """The row's per-token acceptance estimate: its decayed accepted over decayed tested tokens, shrunk towards
-        the whole batch's rate `pooled` (weight of one tested token; computed when not given)."""
-        accepted, tested = self._tested.get(row, (0.0, 0.0))
+    def acceptance_rate(self, sample: int, pooled: float | None = None) -> float:
+        """A request's per-token acceptance estimate: its decayed accepted over decayed tested tokens, shrunk
+        towards the whole batch's rate `pooled` (weight of one tested token; computed when not given)."""
+        accepted, tested = self._tested.get(sample, (0.0, 0.0))
         pooled = self._pooled_rate() if pooled is None else pooled
         return (accepted + pooled) / (tested + 1.0)
 
@@ -243,9 +248,10 @@ class TetrisDrafter:
     def observe(self, verdict: Verdict) -> None:
         # A chain verdict tests tokens up to the first rejection: n accepted, plus the rejected one when n < drafted.
         # A row left unverified keeps decaying towards the batch's rate, so it is tried again after a while.
-        for row, accepted, drafted in zip(self._rows, verdict.num_accepted.tolist(), verdict.num_drafted.tolist()):
+        for sample, accepted, drafted in zip(self._samples, verdict.num_accepted.tolist(),
+                                             verdict.num_drafted.tolist()):
             tested = accepted + (1 if accepted < drafted else 0)
-            total = self._tested.setdefault(row, [0.0, 0.0])
+            total = self._tested.setdefault(sample, [0.0, 0.0])
             total[0] = self.decay * total[0] + accepted
             total[1] = self.decay * total[1] + tested
         self.inner.observe(verdict)

@@ -13,7 +13,7 @@ import gc
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import torch
 
@@ -29,10 +29,20 @@ from specgen.samplers.types import AcceptanceNoise, DecodeContext, Draft, DraftT
 def speculative_generate(target: TargetModel, drafter: Drafter | None, rule: AcceptanceRule,
                          prompts: Sequence[torch.Tensor], *, processing: Processing, max_new_tokens: int,
                          policy: LengthPolicy | None = None, seed: int = 0, sample_ids: Sequence[int] | None = None,
-                         stop_tokens: Sequence[int] = (), stats: SpecStats | None = None) -> Iterator[StepEvent]:
+                         stop_tokens: Sequence[int] = (), stats: SpecStats | None = None,
+                         queue: Iterable[tuple[int, torch.Tensor]] | None = None) -> Iterator[StepEvent]:
+    """`queue`: more requests as (sample id, prompt), served by continuous batching: a row that finishes takes
+    the next one (the target re-prefills that row; the model, tree and n-gram drafters re-sync from each row's
+    context), so the batch stays full until the queue runs dry. Events name the request by `sample`; `row` is the
+    batch row that served it. Randomness is keyed by (seed, sample id, position), so a request's law does not
+    depend on its row or on the requests around it."""
     context = _validate(prompts, max_new_tokens)
     _freeze_once(getattr(target, "model", None))
-    sample_ids = torch.as_tensor(range(len(context)) if sample_ids is None else sample_ids, dtype=torch.long)
+    sample_ids = torch.as_tensor(list(range(len(context))) if sample_ids is None else sample_ids,
+                                 dtype=torch.long).clone()  # refilled rows take new ids
+    queue = iter(queue) if queue is not None else None
+    if queue is not None and not hasattr(target, "prefill_rows"):
+        raise InvalidRequest(f"{type(target).__name__} cannot serve a request queue (it has no prefill_rows)")
     policy = policy or FixedLength(5 if drafter is not None else 0)
     stats = stats if stats is not None else SpecStats()
     generated, active, stop = [0] * len(context), list(range(len(context))), set(stop_tokens)
@@ -65,6 +75,8 @@ def speculative_generate(target: TargetModel, drafter: Drafter | None, rule: Acc
         stats.update(verdict, committed_now, drafted - started, verified - drafted, window,
                      proposal if isinstance(proposal, DraftTree) else None)
         active = [r for r in active if generated[r] < max_new_tokens and not (stop and int(context[r][-1]) in stop)]
+        if queue is not None and len(active) < len(context):
+            active = sorted(active + _refill(target, queue, context, generated, sample_ids, active, max_new_tokens))
         step += 1
 
 
@@ -126,6 +138,8 @@ class GenerationResult:
 def generate(target: TargetModel, drafter: Drafter | None, rule: AcceptanceRule, prompts: Sequence[torch.Tensor], *,
              method: str = "speculative", ar_step_s: float | None = None, **options) -> GenerationResult:
     """Run `speculative_generate` to the end and collect tokens, events and the stats summary."""
+    if options.get("queue") is not None:
+        raise InvalidRequest("generate() collects tokens per row; iterate speculative_generate to serve a queue")
     stats = SpecStats()
     started = time.perf_counter()
     events = list(speculative_generate(target, drafter, rule, prompts, stats=stats, **options))
@@ -146,6 +160,24 @@ def _validate(prompts: Sequence[torch.Tensor], max_new_tokens: int) -> list[torc
     if any(len(c) == 0 for c in context):
         raise InvalidRequest("every prompt needs at least one token (e.g. a BOS token)")
     return context
+
+
+def _refill(target: TargetModel, queue: Iterator, context: list[torch.Tensor], generated: list[int],
+            sample_ids: torch.Tensor, active: list[int], max_new_tokens: int) -> list[int]:
+    """Give free batch rows the queue's next requests (in place); returns the rows that took one."""
+    rows, prompts = [], []
+    for row in sorted(set(range(len(context))) - set(active)):
+        request = next(queue, None)
+        if request is None:
+            break
+        sample_id, prompt = request
+        prompt = _validate([prompt], max_new_tokens)[0]
+        context[row], generated[row], sample_ids[row] = prompt, 0, int(sample_id)
+        rows.append(row)
+        prompts.append(prompt)
+    if rows:
+        target.prefill_rows(prompts, torch.tensor(rows))
+    return rows
 
 
 _FROZEN: "weakref.WeakSet" = weakref.WeakSet()

@@ -16,6 +16,8 @@ class TargetModel(Protocol):
     Convention: after `prefill`, each row's cache holds all prompt tokens but the last; that last committed
     token is *pending*. Every step scores [pending, drafted...] (or a tree rooted at the pending token), and
     `commit` keeps the slots of the pending token and the accepted drafts; the emitted token becomes pending.
+    Targets that serve a request queue (`speculative_generate(queue=...)`) also have
+    `prefill_rows(prompts, rows)`: the same for some rows only, replacing their contexts.
     """
 
     vocab_size: int

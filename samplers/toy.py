@@ -56,6 +56,10 @@ class TableTarget:
     def prefill(self, prompts) -> None:
         self.cache = [[int(t) for t in p[:-1]] for p in prompts]
 
+    def prefill_rows(self, prompts, rows) -> None:
+        for prompt, row in zip(prompts, torch.as_tensor(rows).tolist()):
+            self.cache[row] = [int(t) for t in prompt[:-1]]
+
     def score(self, tokens, positions, rows, tree_mask=None, valid=None):  # scores the padding too
         self.forward_calls += 1
         batch, n = tokens.shape

@@ -44,6 +44,23 @@ def test_prompt_lookup_with_history_estimates_and_a_measured_slot_cost(generator
     assert "tetris (≤ 6)" in table
 
 
+def test_a_served_queue_keeps_every_request_and_stays_exact(generator, tmp_path):
+    """Continuous batching (--requests): 7 requests through 3 rows, each to its full length, every run equal to
+    plain decoding request for request."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "category": "x", "prompt": "abc abc abc"}\n'
+                       '{"id": "b", "category": "x", "prompt": "xy zw"}\n'
+                       '{"id": "c", "category": "x", "prompt": "hello hello"}\n')
+    result = run_bench_tetris(generator, prompts_path=prompts, batch_size=3, capacity=6, max_draft=4,
+                              max_new_tokens=10, repeats=1, drafter="ngram", requests=7)
+    assert result["env"]["requests"] == 7
+    for row in result["table"].values():
+        assert row["identical_to_ar"] is True and row["drafted"] <= 6 * row["steps"]
+    assert "served by continuous batching in 3 rows" in render_markdown(result)
+    with pytest.raises(InvalidRequest, match="--requests"):
+        run_bench_tetris(generator, prompts_path=prompts, batch_size=3, capacity=6, requests=2)
+
+
 def test_bad_budgets_are_clear_errors(generator):
     with pytest.raises(InvalidRequest, match="multiple of the batch size"):
         run_bench_tetris(generator, batch_size=4, capacity=6)
