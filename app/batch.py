@@ -8,7 +8,8 @@ Out: {"id", "status": "ok"|"error", "result"|"error", "stats"}; an image item's 
 The whole input is validated before any work (exit 2 naming the line). Each result line is flushed and
 fsync'ed as it is written, so a killed run loses nothing; a rerun skips the ids already in the output.
 Per-item failures are recorded with status "error" and the run goes on. Items run one after another on one
-loaded model per modality (`--engine local`), or on Ray actors (`--engine ray`, when Ray is installed).
+loaded model per modality (`--engine local`), or on Ray actors (`--engine ray`, when Ray is installed); with
+`--rows N`, greedy text items that share a method and knobs decode N at a time by continuous batching.
 """
 
 from __future__ import annotations
@@ -394,13 +395,53 @@ def _progress(total: int, disable: bool):
 
 
 def _run_local(pending: list[Request], writer: ResultWriter, summary: Summary, generators, progress,
-               media_stem: Path) -> None:
-    for request in pending:
-        record = run_item(generators, request, media_stem)
-        writer.write(record)
-        summary.add(request, record)
+               media_stem: Path, rows: int = 1) -> None:
+    def record(request: Request, result: dict) -> None:
+        writer.write(result)
+        summary.add(request, result)
         progress.set_postfix(ok=summary.ok, error=summary.error, refresh=False)
         progress.update(1)
+
+    alone, groups = (pending, {}) if rows == 1 else _served_groups(pending)
+    for group in groups.values():
+        for request, result in _serve_group(generators, group, rows):
+            record(request, result)
+    for request in alone:
+        record(request, run_item(generators, request, media_stem))
+
+
+def _served_groups(pending: list[Request]) -> tuple[list[Request], dict]:
+    """Greedy single-sample text requests grouped by method and knobs (each group decodes together); the rest
+    run one by one. Greedy only: a served request equals its one-by-one result token for token."""
+    alone, groups = [], {}
+    for request in pending:
+        params = request.params
+        if (request.modality == "text" and params.get("num_samples", 1) == 1
+                and float(params.get("temperature", 0.0)) == 0.0):
+            key = (request.method, json.dumps(params, sort_keys=True))
+            groups.setdefault(key, []).append(request)
+        else:
+            alone.append(request)
+    return alone, groups
+
+
+def _serve_group(generators, group: list[Request], rows: int):
+    """(request, record) for every request of a group, in completion order, from `TextGenerator.serve`. If the
+    group fails (a bad knob, a prompt too long), the requests without a record run one by one, so each gets its
+    own result or error."""
+    written = set()
+    try:
+        generator = generators.get("text") if isinstance(generators, Generators) else generators
+        prompts = [str(request.source) for request in group]
+        for index, result in generator.serve(prompts, rows=rows, method=group[0].method, **group[0].params):
+            written.add(index)
+            yield group[index], {"id": group[index].id, "status": "ok",
+                                 "result": {"text": result.text, "tokens": result.tokens}, "stats": result.stats}
+    except Exception:  # noqa: BLE001 - the one-by-one path below records each item's own outcome
+        log.info("a served group failed; running its remaining items one by one", exc_info=True)
+    for index, request in enumerate(group):
+        if index not in written:
+            yield request, run_item(generators, request)
 
 
 def _run_ray(pending: list[Request], writer: ResultWriter, summary: Summary, models: dict, workers, progress,
@@ -463,12 +504,20 @@ def run_batch(input_path, output_path, *, engine: str = "local", model: str | No
               draft: str | None = None, threads: int = 1, generator=None, workers: int | None = None,
               progress: bool = True, image_generator=None, image_model: str | None = None,
               image_vq: str | None = None, speech_generator=None, speech_paths: tuple = (None, None, None),
-              video_generator=None, video_model: str | None = None, online_draft: int | None = None) -> dict:
+              video_generator=None, video_model: str | None = None, online_draft: int | None = None,
+              rows: int = 1) -> dict:
     """Validate IN, skip ids already in OUT, run the rest, and return the summary dict. `online_draft`: update
-    the text draft from its rejections every that many text items (online speculative decoding)."""
+    the text draft from its rejections every that many text items (online speculative decoding). `rows` > 1:
+    greedy single-sample text requests with the same method and knobs decode that many at a time by continuous
+    batching (`TextGenerator.serve`), with the same tokens as one by one."""
     input_path, output_path = Path(input_path), Path(output_path)
     if engine not in ("local", "ray"):
         raise InvalidRequest(f"unknown engine {engine!r}; choose from: local, ray")
+    if not _is_int(rows) or rows < 1:
+        raise InvalidRequest(f"rows must be an integer >= 1, got {rows!r}")
+    if rows > 1 and (engine != "local" or online_draft is not None):
+        raise InvalidRequest("--rows serves requests together in this process: use --engine local without "
+                             "--online-draft (which learns from one request at a time)")
     if online_draft is not None and engine != "local":
         raise InvalidRequest("--online-draft updates one draft in this process: use --engine local")
     if engine == "ray":
@@ -513,7 +562,7 @@ def run_batch(input_path, output_path, *, engine: str = "local", model: str | No
             _run_ray(pending, writer, summary, models, workers or max(1, (os.cpu_count() or 1) // max(threads, 1)),
                      bar, media_stem)
         else:
-            _run_local(pending, writer, summary, generators, bar, media_stem)
+            _run_local(pending, writer, summary, generators, bar, media_stem, rows)
     finally:
         bar.close()
         writer.close()
@@ -526,6 +575,7 @@ def batch_command(args) -> int:
                         draft=getattr(args, "draft", None), threads=args.threads,
                         image_model=getattr(args, "image_model", None), image_vq=getattr(args, "image_vq", None),
                         video_model=getattr(args, "video_model", None), online_draft=getattr(args, "online_draft", None),
+                        rows=getattr(args, "rows", 1),
                         speech_paths=tuple(getattr(args, f"speech_{part}", None) for part in ("model", "draft", "codec")))
     print(summary_table(summary), file=sys.stderr)
     if getattr(args, "json", False):

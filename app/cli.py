@@ -341,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--online-draft", type=_int_at_least(1), metavar="I",
                        help="online speculative decoding: update the text draft from its rejections every I items "
                             "(outputs stay exact; local engine)")
+    batch.add_argument("--rows", type=_int_at_least(1), default=1, metavar="N",
+                       help="greedy text items with the same method and knobs decode N at a time by continuous "
+                            "batching, with the same tokens (default: 1, one by one)")
     batch.add_argument("--model", help="text target: a Hugging Face causal LM path or id available offline")
     batch.add_argument("--draft", help="text draft model path or id")
     batch.add_argument("--image-model", metavar="DIR", help="image token model folder (default: the shipped one)")

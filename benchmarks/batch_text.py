@@ -1,12 +1,14 @@
 """Throughput of `specgen batch` against a plain loop calling `TextGenerator.generate` on the same items.
 
     python benchmarks/batch_text.py [--model M] [--draft D] [--method M] [--copies 3] [--max-new-tokens 64]
-                                    [--repeats 3]
+                                    [--repeats 3] [--rows N]
 
 Items: benchmarks/prompts/text.jsonl, each prompt `--copies` times (distinct ids and seeds). One model is loaded
 once and shared; both sides run in one process, alternating which goes first, so the ratio compares the runner's
-own overhead (validation, JSON lines, flush + fsync per line, progress) with the bare calls. Prints a Markdown
-table; the results are recorded in benchmarks/batch-text.md.
+own overhead (validation, JSON lines, flush + fsync per line, progress) with the bare calls. With `--rows N`
+the runner serving N items at a time (continuous batching, `specgen batch --rows N`) is compared with the
+runner one by one instead (the "loop" side), on the same greedy items. Prints a Markdown table; the results are
+recorded in benchmarks/batch-text.md.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import platform
 import statistics
 import tempfile
 import time
+from types import SimpleNamespace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,6 +34,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rows", type=int, default=0, help="compare the runner at --rows N with it one by one")
     args = parser.parse_args()
 
     import torch
@@ -46,19 +50,23 @@ def main() -> None:
               "seed": c, "params": {"max_new_tokens": args.max_new_tokens}}
              for c in range(args.copies) for p in prompts]
 
-    def run_loop():
-        return [generator.generate(item["prompt"], method=item["method"], seed=item["seed"], **item["params"])
-                for item in items]
-
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "in.jsonl"
         source.write_text("".join(json.dumps(item) + "\n" for item in items))
 
-        def run_runner(rep, order):
-            out = Path(tmp) / f"out-{rep}-{order}.jsonl"
-            run_batch(source, out, generator=generator, progress=False)
-            return [json.loads(line) for line in out.read_text().splitlines()]
+        def run_runner(rep, order, rows=args.rows or 1):
+            out = Path(tmp) / f"out-{rep}-{order}-{rows}.jsonl"
+            run_batch(source, out, generator=generator, progress=False, rows=rows)
+            by_id = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+            return [by_id[item["id"]] for item in items]
 
+        def run_loop():
+            if args.rows:  # the runner one by one
+                return [SimpleNamespace(tokens=r["result"]["tokens"]) for r in run_runner(rep, "one", 1)]
+            return [generator.generate(item["prompt"], method=item["method"], seed=item["seed"], **item["params"])
+                    for item in items]
+
+        rep = -1
         run_loop()  # warm-up
         batch_s, loop_s, same = [], [], True
         for rep in range(args.repeats):
@@ -73,7 +81,9 @@ def main() -> None:
             same &= [r["result"]["tokens"] for r in records] == [r.tokens for r in results]
     tokens = sum(len(r.tokens) for r in results)
     ratios = [b / lp for b, lp in zip(batch_s, loop_s)]
-    print("| items | tokens | method | runner s (median) | loop s (median) | runner / loop | identical |")
+    other = "one by one" if args.rows else "loop"
+    runner = f"runner --rows {args.rows}" if args.rows else "runner"
+    print(f"| items | tokens | method | {runner} s (median) | {other} s (median) | {runner} / {other} | identical |")
     print("|---|---|---|---|---|---|---|")
     print(f"| {len(items)} | {tokens} | {args.method} | {statistics.median(batch_s):.2f} | "
           f"{statistics.median(loop_s):.2f} | {statistics.median(ratios):.3f} "

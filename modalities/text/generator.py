@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 
@@ -170,16 +170,72 @@ class TextGenerator:
     def stream(self, prompt: str, *, method: str = "draft", max_new_tokens: int = 128, temperature: float = 0.0,
                top_p: float = 1.0, top_k: int = 0, seed: int = 0, num_samples: int = 1,
                stats: SpecStats | None = None, **params) -> Iterator[StepEvent]:
-        spec = get_method("text", method)
-        knobs = self.resolve_knobs(spec, params)
         if num_samples < 1:
             raise InvalidRequest(f"num_samples must be >= 1, got {num_samples}")
-        processing = Processing(temperature=temperature, top_p=top_p, top_k=top_k)
         prompt_ids = self.encode(prompt)
+        stats = stats if stats is not None else SpecStats()
+        models, options = self._pipeline(method, [prompt_ids], max_new_tokens, temperature, top_p, top_k, stats,
+                                         params)
+        run = speculative_generate(*models, [prompt_ids] * num_samples, max_new_tokens=max_new_tokens, seed=seed,
+                                   stats=stats, **options)
+        if self.online is None or method != "draft" or num_samples != 1:
+            yield from run
+            return
+        events = []
+        for event in run:
+            events.append(event)
+            yield event
+        self.online.observe(prompt_ids, events)  # a request served to its end teaches the draft (OSD)
+
+    def serve(self, prompts: Sequence[str], *, rows: int = 8, method: str = "draft", max_new_tokens: int = 128,
+              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
+              **params) -> Iterator[tuple[int, TextResult]]:
+        """Many prompts with one method and one set of knobs, by continuous batching: `rows` requests decode
+        together and a finished request's row takes the next prompt. Yields (prompt index, result) as each
+        finishes. Prompt i is sample i of `seed` (at temperature 0 each result equals `generate`'s). A result's
+        stats are its own steps, drafted, accepted and committed tokens and τ, its latency (admission to last
+        token, `latency_s`), and as `wall_s` the wall clock since the run's previous request finished (the
+        requests' `wall_s` add up to the run's)."""
+        if rows < 1:
+            raise InvalidRequest(f"rows must be >= 1, got {rows}")
+        prompt_ids = [self.encode(prompt) for prompt in prompts]
+        if not prompt_ids:
+            return
+        stats = SpecStats()
+        models, options = self._pipeline(method, prompt_ids, max_new_tokens, temperature, top_p, top_k, stats, params)
+        lossless = get_method("text", method).lossless
+        first = min(rows, len(prompt_ids))
+        queue = iter(list(enumerate(prompt_ids))[first:])
+        previous = time.perf_counter()  # the run's start, then its latest finish
+        admitted = {i: previous for i in range(first)}
+        events: dict[int, list[StepEvent]] = {}
+        for event in speculative_generate(*models, prompt_ids[:first], max_new_tokens=max_new_tokens, seed=seed,
+                                          stats=stats, queue=queue, **options):
+            events.setdefault(event.sample, []).append(event)
+            if not event.finished:
+                continue
+            now, mine = time.perf_counter(), events.pop(event.sample)
+            admitted.setdefault(len(admitted), now)  # the row's next request starts now (the queue is in order)
+            tokens = [t for e in mine for t in e.tokens]
+            request_stats = {"method": method, "lossless": lossless, "steps": len(mine),
+                             "drafted": sum(e.num_drafted for e in mine), "accepted": sum(e.num_accepted for e in mine),
+                             "committed": len(tokens), "tau": len(tokens) / len(mine),
+                             "latency_s": now - admitted[event.sample], "wall_s": now - previous, "served_rows": first}
+            previous = now
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            yield event.sample, TextResult(text, tokens, request_stats, [{"text": text, "tokens": tokens}])
+
+    def _pipeline(self, method: str, prompt_ids: list[torch.Tensor], max_new_tokens: int, temperature: float,
+                  top_p: float, top_k: int, stats: SpecStats, params: dict):
+        """((target, drafter, rule), the loop's other options) for `method` under these knobs."""
+        spec = get_method("text", method)
+        knobs = self.resolve_knobs(spec, params)
+        processing = Processing(temperature=temperature, top_p=top_p, top_k=top_k)
         capacity = getattr(self.model.config, "max_position_embeddings", 2048)
-        if max_new_tokens < 1 or len(prompt_ids) + max_new_tokens > capacity:
-            raise InvalidRequest(f"max_new_tokens must be between 1 and {capacity - len(prompt_ids)} for this prompt "
-                                 f"({len(prompt_ids)} tokens, context {capacity}), got {max_new_tokens}")
+        longest = max(len(ids) for ids in prompt_ids)
+        if max_new_tokens < 1 or longest + max_new_tokens > capacity:
+            raise InvalidRequest(f"max_new_tokens must be between 1 and {capacity - longest} for this prompt "
+                                 f"({longest} tokens, context {capacity}), got {max_new_tokens}")
         if spec.rule == "tree":  # the loop's draft length caps the tree's depth
             policy = make_policy("fixed", knobs.get("max_depth", knobs.get("depth", 0)))
         elif spec.policy == "svip":
@@ -188,7 +244,6 @@ class TextGenerator:
             policy = SvipLength(knobs["num_draft_tokens"], threshold=knobs["entropy_threshold"])
         else:
             policy = make_policy(knobs.get("length_schedule", "fixed"), knobs.get("num_draft_tokens", 0))
-        stats = stats if stats is not None else SpecStats()
         if hasattr(policy, "attach"):  # the cost model reads this run's measurements
             policy.attach(stats)
         drafter = self._drafter(spec.drafter, knobs, processing, policy)
@@ -198,19 +253,9 @@ class TextGenerator:
             from specgen.samplers.trees import GreedyTreeMatch
 
             rule = GreedyTreeMatch()
-        run = speculative_generate(
-            self.target(capacity + getattr(drafter, "max_nodes", 0)), drafter, rule,
-            [prompt_ids] * num_samples,
-            processing=processing, max_new_tokens=max_new_tokens, policy=policy, seed=seed,
-            stop_tokens=() if eos is None else (eos,), stats=stats)
-        if self.online is None or method != "draft" or num_samples != 1:
-            yield from run
-            return
-        events = []
-        for event in run:
-            events.append(event)
-            yield event
-        self.online.observe(prompt_ids, events)  # a request served to its end teaches the draft (OSD)
+        target = self.target(capacity + getattr(drafter, "max_nodes", 0))
+        return (target, drafter, rule), {"processing": processing, "policy": policy,
+                                         "stop_tokens": () if eos is None else (eos,)}
 
     @property
     def default_method(self) -> str:

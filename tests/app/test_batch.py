@@ -272,3 +272,38 @@ def test_speech_items_pass_the_relaxed_methods_knobs(speech_paths, tmp_path):
     assert by_id["pcg"]["result"]["tokens"] == alone.tokens
     assert by_id["pcg"]["stats"]["acceptance_level"] == "group"
     assert by_id["ssd"]["stats"]["acceptance_level"] == "tolerance"
+
+
+def test_rows_serve_greedy_text_items_together_with_the_one_by_one_results(pair, tmp_path, capsys):
+    """`--rows 3`: greedy single-sample text items with the same method and knobs decode together; every item's
+    tokens equal the one-by-one run's, a group whose knobs are bad falls back to per-item errors, and sampled or
+    other-modality items still run alone."""
+    prompts = ["abc abc (x", "ab ab ab", "x = (", "hello hello", "(a(b", "mississippi", "to be"]
+    items = [{"id": f"d{i}", "modality": "text", "prompt": p, "method": "draft", "params": {"max_new_tokens": 10}}
+             for i, p in enumerate(prompts)]
+    items += [{"id": f"n{i}", "modality": "text", "prompt": p, "method": "ngram", "params": {"max_new_tokens": 8}}
+              for i, p in enumerate(prompts[:4])]
+    items += [{"id": "too-long", "modality": "text", "prompt": "ab", "params": {"max_new_tokens": 500}},
+              {"id": "sampled", "modality": "text", "prompt": "ab", "seed": 3, "method": "draft",
+               "params": {"temperature": 1.0, "max_new_tokens": 8}}]
+    source = write_jsonl(tmp_path / "in.jsonl", items)
+    code, _, _ = run_cli(["batch", "--input", str(source), "--output", str(tmp_path / "one.jsonl"), "--model",
+                          pair[0], "--draft", pair[1]], capsys)
+    assert code == 0
+    code, _, err = run_cli(["batch", "--input", str(source), "--output", str(tmp_path / "rows.jsonl"), "--model",
+                            pair[0], "--draft", pair[1], "--rows", "3"], capsys)
+    assert code == 0
+    one = {r["id"]: r for r in read_jsonl(tmp_path / "one.jsonl")}
+    rows = {r["id"]: r for r in read_jsonl(tmp_path / "rows.jsonl")}
+    assert set(rows) == set(one) and len(read_jsonl(tmp_path / "rows.jsonl")) == len(items)
+    for key, record in one.items():
+        assert rows[key]["status"] == record["status"], key
+        if record["status"] == "ok":
+            assert rows[key]["result"] == record["result"], key
+    assert rows["too-long"]["status"] == "error" and "max_new_tokens" in rows["too-long"]["error"]
+    assert rows["d0"]["stats"]["served_rows"] == 3 and "served_rows" not in rows["sampled"]["stats"]
+    code, _, err = run_cli(["batch", "--input", str(source), "--output", str(tmp_path / "x.jsonl"), "--rows", "0"],
+                           capsys)
+    assert code == 2 and err.startswith("error:")
+    with pytest.raises(batch_module.InvalidRequest, match="--rows"):
+        batch_module.run_batch(source, tmp_path / "y.jsonl", model=pair[0], rows=4, online_draft=2)

@@ -124,6 +124,28 @@ def test_prompt_lookup_on_the_served_model_equals_plain_greedy():
     assert spec.tokens == plain.tokens and spec.stats["accepted"] > 0
 
 
+def test_a_queue_served_on_the_gemma_runner_equals_each_prompt_alone():
+    """Continuous batching on Gemma's runner (sliding-window layers): rows refilled with new prompts by
+    `prefill_rows` give every request the tokens plain greedy decoding gives it alone."""
+    from specgen.samplers.loop import speculative_generate
+
+    model = quantize_model(tiny_gemma3(2))
+    greedy = Processing(temperature=0)
+    rng = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=rng) for n in (3, 17, 9, 30, 5)]
+    prompts[1][8:] = prompts[1][:9].clone()  # a repeat for prompt lookup to copy
+    served: dict[int, list[int]] = {}
+    for event in speculative_generate(TransformersTarget(model), PromptLookupDrafter(2), GreedyMatch(), prompts[:2],
+                                      processing=greedy, max_new_tokens=24, policy=FixedLength(3),
+                                      queue=iter(list(enumerate(prompts))[2:])):
+        served.setdefault(event.sample, []).extend(event.tokens)
+    for index, prompt in enumerate(prompts):
+        alone = generate(TransformersTarget(model), None, GreedyMatch(), [prompt], processing=greedy,
+                         max_new_tokens=24)
+        assert served[index] == alone.tokens[0], index
+    assert model.config.sliding_window < 30 + 24  # the longest request crosses the sliding window
+
+
 def test_served_folder_round_trip_is_bitwise(tmp_path):
     folder = save_tiny_gemma_served(tmp_path / "served", seed=3)
     reference = quantize_model(tiny_gemma3(3))

@@ -106,6 +106,29 @@ def test_greedy_methods_equal_plain_decoding(pair, method):
         assert key in spec.stats
 
 
+@pytest.mark.parametrize("method", ["ar", "draft", "ngram", "dyspec"])
+def test_served_prompts_equal_their_greedy_generate(pair, method):
+    """TextGenerator.serve: 7 prompts through 3 rows by continuous batching, each result (in completion order)
+    equal to `generate`'s; the per-request stats add up to the run."""
+    generator = TextGenerator(*pair)
+    prompts = ["abc abc abc (x", "ab", "hello hello", "x", "(a(b(c", "mississippi", "to be or not"]
+    served = list(generator.serve(prompts, rows=3, method=method, max_new_tokens=16))
+    assert sorted(index for index, _ in served) == list(range(len(prompts)))
+    for index, result in served:
+        alone = generator.generate(prompts[index], method=method, max_new_tokens=16)
+        assert result.tokens == alone.tokens and result.text == alone.text
+        stats = result.stats
+        assert stats["committed"] == len(result.tokens) and stats["served_rows"] == 3
+        assert stats["tau"] == pytest.approx(len(result.tokens) / stats["steps"])
+        assert 0 < stats["wall_s"] and 0 < stats["latency_s"]
+    if method != "ar":
+        assert sum(r.stats["drafted"] for _, r in served) > 0
+    with pytest.raises(InvalidRequest, match="rows must be"):
+        list(generator.serve(prompts, rows=0))
+    with pytest.raises(InvalidRequest, match="empty"):
+        list(generator.serve(["ab", ""], method=method))
+
+
 def test_sampled_samples_are_reproducible_and_independent(pair):
     generator = TextGenerator(*pair)
     first = generator.generate("ab", method="draft", temperature=1.0, seed=3, num_samples=3, max_new_tokens=12)
