@@ -300,7 +300,13 @@ def run_item(generators, request: Request, media_stem: Path | str = "batch") -> 
         path.parent.mkdir(parents=True, exist_ok=True)
         write_wav(path, result.audio, result.sample_rate)
         output = {"audio": str(path), "tokens": result.tokens}
-    elif request.params.get("num_samples", 1) == 1:
+    else:
+        return _text_record(request, result)
+    return {"id": request.id, "status": "ok", "result": output, "stats": result.stats}
+
+
+def _text_record(request: Request, result) -> dict:
+    if request.params.get("num_samples", 1) == 1:
         output = {"text": result.text, "tokens": result.tokens}
     else:
         output = {"samples": result.samples}
@@ -418,7 +424,7 @@ def _served_groups(pending: list[Request]) -> tuple[list[Request], dict]:
         params = request.params
         if (request.modality == "text" and params.get("num_samples", 1) == 1
                 and float(params.get("temperature", 0.0)) == 0.0):
-            key = (request.method, json.dumps(params, sort_keys=True))
+            key = (request.method, json.dumps({k: v for k, v in params.items() if k != "num_samples"}, sort_keys=True))
             groups.setdefault(key, []).append(request)
         else:
             alone.append(request)
@@ -426,19 +432,30 @@ def _served_groups(pending: list[Request]) -> tuple[list[Request], dict]:
 
 
 def _serve_group(generators, group: list[Request], rows: int):
-    """(request, record) for every request of a group, in completion order, from `TextGenerator.serve`. If the
-    group fails (a bad knob, a prompt too long), the requests without a record run one by one, so each gets its
-    own result or error."""
-    written = set()
+    """(request, record) for every request of a group, in completion order, from `TextGenerator.serve`. Requests
+    that cannot run (an empty prompt, a prompt too long for the model) and, if the group fails, those without a
+    record yet run one by one, so each gets its own result or error."""
+    from specgen.modalities.text.generator import MAX_NEW_TOKENS
+
+    written, served = set(), []
     try:
         generator = generators.get("text") if isinstance(generators, Generators) else generators
-        prompts = [str(request.source) for request in group]
-        for index, result in generator.serve(prompts, rows=rows, method=group[0].method, **group[0].params):
-            written.add(index)
-            yield group[index], {"id": group[index].id, "status": "ok",
-                                 "result": {"text": result.text, "tokens": result.tokens}, "stats": result.stats}
+        params = {k: v for k, v in group[0].params.items() if k != "num_samples"}  # always 1 here
+        for index, request in enumerate(group):
+            try:
+                generator.check_length(generator.encode(str(request.source)),
+                                       params.get("max_new_tokens", MAX_NEW_TOKENS))
+                served.append(index)
+            except SpecgenError:
+                pass  # its own error record, from the one-by-one path below
+        prompts = [str(group[i].source) for i in served]
+        for index, result in generator.serve(prompts, rows=rows, method=group[0].method, **params):
+            request = group[served[index]]
+            written.add(served[index])
+            yield request, _text_record(request, result)
     except Exception:  # noqa: BLE001 - the one-by-one path below records each item's own outcome
-        log.info("a served group failed; running its remaining items one by one", exc_info=True)
+        log.warning("a group of %d text items failed together; running its remaining items one by one",
+                    len(group), exc_info=True)
     for index, request in enumerate(group):
         if index not in written:
             yield request, run_item(generators, request)

@@ -206,6 +206,29 @@ class ModelDrafter:
         self.engine.prefill([torch.zeros(1, dtype=torch.long)] * batch)  # empty caches
         self.cached = [[] for _ in range(batch)]
 
+    # A backlog longer than this (a prompt: the first step, or a served queue's new request in a row) is cached in
+    # a forward of its own over those rows, so the step's shared forward is not padded to a prompt's width for
+    # every row, and a long-running row beside a long new prompt cannot overflow the padded window.
+    LONG_BACKLOG = 16
+
+    def _feed_long_backlogs(self, rows: torch.Tensor, feeds: list[list[int]]) -> None:
+        """Cache all but the last token of every backlog longer than LONG_BACKLOG (in place: those feeds keep their
+        last token, which the step's forward feeds with the others)."""
+        long = [i for i, feed in enumerate(feeds) if len(feed) > self.LONG_BACKLOG]
+        if not long:
+            return
+        counts = torch.tensor([len(feeds[i]) - 1 for i in long])
+        tokens = torch.zeros(len(long), int(counts.max()), dtype=torch.long)
+        for j, i in enumerate(long):
+            tokens[j, :counts[j]] = torch.tensor(feeds[i][:-1])
+            feeds[i] = feeds[i][-1:]
+        subset = rows[long]
+        positions = self.engine.cache.lengths[subset][:, None] + torch.arange(tokens.shape[1])
+        valid = counts if bool((counts < tokens.shape[1]).any()) else None
+        self.engine.score(self._draft_ids(tokens), positions, subset, valid=valid)
+        self.forward_calls += 1
+        self.engine.commit(torch.arange(tokens.shape[1]) < counts[:, None], subset)
+
     def _catch_up(self, ctx: DecodeContext):
         """Roll each row back to the longest common prefix of its cache and the committed context; return the
         committed tokens still to feed (at least the pending one), right-padded, and their counts."""
@@ -218,6 +241,7 @@ class ModelDrafter:
                 common += 1
             self.engine.cache.lengths[row] = common
             feeds.append(context[common:])
+        self._feed_long_backlogs(ctx.rows, feeds)
         counts = torch.tensor([len(f) for f in feeds])
         tokens = torch.zeros(len(feeds), int(counts.max()), dtype=torch.long)
         for i, feed in enumerate(feeds):

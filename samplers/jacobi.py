@@ -61,17 +61,18 @@ class JacobiDrafter:
             raise InvalidRequest("allowed must be a [vocab] mask with at least one allowed token")
         self.vocab_size, self.coupling, self.init = vocab_size, coupling, init
         self.init_law = allowed.double() / allowed.sum()  # [vocab]
-        self.windows: dict[int, _Window] = {}  # batch row -> its uncommitted drafts
+        # sample id -> its uncommitted drafts (by request, not batch row: a row of a served queue takes new ones)
+        self.windows: dict[int, _Window] = {}
         self.changed: list[int] = []  # per step: kept drafts whose token changed (how unsettled the window is)
         self._last: tuple | None = None
 
     def propose(self, ctx: DecodeContext, budget: int) -> Draft:
-        rows, starts = ctx.rows.tolist(), ctx.next_positions
-        tokens = torch.zeros(len(rows), budget, dtype=torch.long)
-        laws = torch.zeros(len(rows), budget, self.vocab_size, dtype=torch.float64)
-        filled = torch.zeros(len(rows), dtype=torch.long)
-        for i, row in enumerate(rows):
-            window = self.windows.get(row)
+        samples, starts = ctx.sample_ids.tolist(), ctx.next_positions
+        tokens = torch.zeros(len(samples), budget, dtype=torch.long)
+        laws = torch.zeros(len(samples), budget, self.vocab_size, dtype=torch.float64)
+        filled = torch.zeros(len(samples), dtype=torch.long)
+        for i, sample in enumerate(samples):
+            window = self.windows.get(sample)
             if window is not None and window.position == int(starts[i]):  # else stale: start afresh
                 m = min(budget, len(window.tokens))
                 tokens[i, :m], laws[i, :m], filled[i] = window.tokens[:m], window.laws[:m].double(), m
@@ -80,7 +81,7 @@ class JacobiDrafter:
             token, law = self._initial(ctx, starts, budget, tokens, filled)
             tokens = torch.where(empty, token, tokens)
             laws = torch.where(empty[..., None], law, laws)
-        self._last = (rows, starts, ctx.sample_ids, ctx.seed, tokens, laws)
+        self._last = (samples, starts, ctx.sample_ids, ctx.seed, tokens, laws)
         return Draft(tokens, laws)
 
     def _initial(self, ctx: DecodeContext, starts, budget: int, tokens, filled):
@@ -111,7 +112,7 @@ class JacobiDrafter:
             raise InvalidRequest("Jacobi decoding needs the verdict's target_probs (set by verify_step)")
         if self._last is None:  # nothing was drafted this step (the end of every row is one token away)
             return
-        (rows, starts, sample_ids, seed, tokens, laws), self._last = self._last, None
+        (samples, starts, sample_ids, seed, tokens, laws), self._last = self._last, None
         target_probs = verdict.target_probs.double()  # [rows, k + 1, vocab]
         k = target_probs.shape[1] - 1
         tokens, laws = tokens[:, :k], laws[:, :k]  # the loop may have shortened the window
@@ -119,12 +120,12 @@ class JacobiDrafter:
         drafted, accepted = verdict.num_drafted, verdict.num_accepted
         redrafts = self._redraft(target_probs, tokens, laws, drafted, positions, sample_ids, seed, starts)
         changed = 0
-        for i, row in enumerate(rows):
+        for i, sample in enumerate(samples):
             first, last = int(accepted[i]) + 1, int(drafted[i])  # keep slots after the committed ones
             if first > last:  # every draft accepted: the bonus token closed the window
-                self.windows.pop(row, None)
+                self.windows.pop(sample, None)
                 continue
-            self.windows[row] = _Window(int(positions[i, first]), redrafts[i, first:last + 1].clone(),
+            self.windows[sample] = _Window(int(positions[i, first]), redrafts[i, first:last + 1].clone(),
                                         target_probs[i, first:last + 1].clone())
             changed += int((redrafts[i, first:last] != tokens[i, first:last]).sum())
         self.changed.append(changed)

@@ -254,6 +254,7 @@ class TetrisDrafter:
             total = self._tested.setdefault(sample, [0.0, 0.0])
             total[0] = self.decay * total[0] + accepted
             total[1] = self.decay * total[1] + tested
+        self._samples = []  # a step the loop drafts nothing for (no propose) must not count for these samples
         self.inner.observe(verdict)
 
 

@@ -119,6 +119,9 @@ def load_tokenizer(path: str):
     raise ModelNotFound(f"no tokenizer found for {path!r} (looked in the folder and its parent)")
 
 
+MAX_NEW_TOKENS = 128  # a request's default
+
+
 @dataclass(frozen=True)
 class TextResult:
     text: str
@@ -167,8 +170,8 @@ class TextGenerator:
             ids = [bos] + ids
         return torch.tensor(ids, dtype=torch.long)
 
-    def stream(self, prompt: str, *, method: str = "draft", max_new_tokens: int = 128, temperature: float = 0.0,
-               top_p: float = 1.0, top_k: int = 0, seed: int = 0, num_samples: int = 1,
+    def stream(self, prompt: str, *, method: str = "draft", max_new_tokens: int = MAX_NEW_TOKENS,
+               temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0, num_samples: int = 1,
                stats: SpecStats | None = None, **params) -> Iterator[StepEvent]:
         if num_samples < 1:
             raise InvalidRequest(f"num_samples must be >= 1, got {num_samples}")
@@ -187,15 +190,15 @@ class TextGenerator:
             yield event
         self.online.observe(prompt_ids, events)  # a request served to its end teaches the draft (OSD)
 
-    def serve(self, prompts: Sequence[str], *, rows: int = 8, method: str = "draft", max_new_tokens: int = 128,
-              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
-              **params) -> Iterator[tuple[int, TextResult]]:
+    def serve(self, prompts: Sequence[str], *, rows: int = 8, method: str = "draft",
+              max_new_tokens: int = MAX_NEW_TOKENS, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+              seed: int = 0, **params) -> Iterator[tuple[int, TextResult]]:
         """Many prompts with one method and one set of knobs, by continuous batching: `rows` requests decode
         together and a finished request's row takes the next prompt. Yields (prompt index, result) as each
         finishes. Prompt i is sample i of `seed` (at temperature 0 each result equals `generate`'s). A result's
         stats are its own steps, drafted, accepted and committed tokens and τ, its latency (admission to last
         token, `latency_s`), and as `wall_s` the wall clock since the run's previous request finished (the
-        requests' `wall_s` add up to the run's)."""
+        requests' `wall_s` add up to the run's; both include the caller's time between results)."""
         if rows < 1:
             raise InvalidRequest(f"rows must be >= 1, got {rows}")
         prompt_ids = [self.encode(prompt) for prompt in prompts]
@@ -225,17 +228,25 @@ class TextGenerator:
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
             yield event.sample, TextResult(text, tokens, request_stats, [{"text": text, "tokens": tokens}])
 
+    @property
+    def context_size(self) -> int:
+        return getattr(self.model.config, "max_position_embeddings", 2048)
+
+    def check_length(self, prompt_ids: torch.Tensor, max_new_tokens: int = MAX_NEW_TOKENS) -> None:
+        """InvalidRequest unless 1 <= max_new_tokens and the prompt plus max_new_tokens fit the model's context."""
+        capacity = self.context_size
+        if max_new_tokens < 1 or len(prompt_ids) + max_new_tokens > capacity:
+            raise InvalidRequest(f"max_new_tokens must be between 1 and {capacity - len(prompt_ids)} for this prompt "
+                                 f"({len(prompt_ids)} tokens, context {capacity}), got {max_new_tokens}")
+
     def _pipeline(self, method: str, prompt_ids: list[torch.Tensor], max_new_tokens: int, temperature: float,
                   top_p: float, top_k: int, stats: SpecStats, params: dict):
         """((target, drafter, rule), the loop's other options) for `method` under these knobs."""
         spec = get_method("text", method)
         knobs = self.resolve_knobs(spec, params)
         processing = Processing(temperature=temperature, top_p=top_p, top_k=top_k)
-        capacity = getattr(self.model.config, "max_position_embeddings", 2048)
-        longest = max(len(ids) for ids in prompt_ids)
-        if max_new_tokens < 1 or longest + max_new_tokens > capacity:
-            raise InvalidRequest(f"max_new_tokens must be between 1 and {capacity - longest} for this prompt "
-                                 f"({longest} tokens, context {capacity}), got {max_new_tokens}")
+        capacity = self.context_size
+        self.check_length(max(prompt_ids, key=len), max_new_tokens)
         if spec.rule == "tree":  # the loop's draft length caps the tree's depth
             policy = make_policy("fixed", knobs.get("max_depth", knobs.get("depth", 0)))
         elif spec.policy == "svip":

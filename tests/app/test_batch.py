@@ -283,7 +283,11 @@ def test_rows_serve_greedy_text_items_together_with_the_one_by_one_results(pair,
              for i, p in enumerate(prompts)]
     items += [{"id": f"n{i}", "modality": "text", "prompt": p, "method": "ngram", "params": {"max_new_tokens": 8}}
               for i, p in enumerate(prompts[:4])]
-    items += [{"id": "too-long", "modality": "text", "prompt": "ab", "params": {"max_new_tokens": 500}},
+    items += [{"id": "one-sample", "modality": "text", "prompt": "abab", "method": "draft",
+               "params": {"max_new_tokens": 10, "num_samples": 1}},
+              {"id": "long-in-group", "modality": "text", "prompt": "ab" * 45, "method": "draft",
+               "params": {"max_new_tokens": 10}},
+              {"id": "too-long", "modality": "text", "prompt": "ab", "params": {"max_new_tokens": 500}},
               {"id": "sampled", "modality": "text", "prompt": "ab", "seed": 3, "method": "draft",
                "params": {"temperature": 1.0, "max_new_tokens": 8}}]
     source = write_jsonl(tmp_path / "in.jsonl", items)
@@ -302,6 +306,9 @@ def test_rows_serve_greedy_text_items_together_with_the_one_by_one_results(pair,
             assert rows[key]["result"] == record["result"], key
     assert rows["too-long"]["status"] == "error" and "max_new_tokens" in rows["too-long"]["error"]
     assert rows["d0"]["stats"]["served_rows"] == 3 and "served_rows" not in rows["sampled"]["stats"]
+    assert rows["one-sample"]["stats"]["served_rows"] == 3  # an explicit num_samples 1 is served too
+    # a prompt too long for the 96-token model fails alone; the rest of its group is still served
+    assert rows["long-in-group"]["status"] == "error" and rows["d1"]["stats"]["served_rows"] == 3
     code, _, err = run_cli(["batch", "--input", str(source), "--output", str(tmp_path / "x.jsonl"), "--rows", "0"],
                            capsys)
     assert code == 2 and err.startswith("error:")

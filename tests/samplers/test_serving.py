@@ -166,3 +166,24 @@ def test_prefill_rows_scores_as_a_fresh_prefill(pair):
     reference.prefill([torch.cat([first, torch.tensor([5])])])
     row0 = reference.score(torch.tensor([[5]]), torch.tensor([[len(first)]]), torch.arange(1))
     assert torch.allclose(both[0], row0[0], atol=1e-5)
+
+
+def test_a_long_new_prompt_beside_a_long_running_row_fits_the_draft(pair):
+    """A row that takes a long new prompt while another row is far along: the draft caches the prompt in a forward
+    of its own (a shared padded forward would need the long row's length plus the prompt's width, past the
+    model's 96 positions), and its law equals a fresh drafter's on that prompt."""
+    from specgen.modalities.model_drafter import ModelDrafter
+    from specgen.samplers.types import DecodeContext
+
+    processing = Processing(temperature=0.0)
+    vocab = pair.model.config.vocab_size
+    rng = torch.Generator().manual_seed(1)
+    running = torch.randint(2, vocab, (70,), generator=rng)
+    new = torch.randint(2, vocab, (40,), generator=rng)
+    drafter = ModelDrafter(pair.draft_model, processing, target_vocab_size=vocab)
+    drafter.propose(DecodeContext([running, new[:3]], torch.arange(2), torch.tensor([0, 1])), 2)
+    step = drafter.propose(DecodeContext([running, new], torch.arange(2), torch.tensor([0, 2])), 2)
+    fresh = ModelDrafter(pair.draft_model, processing, target_vocab_size=vocab)
+    alone = fresh.propose(DecodeContext([new], torch.arange(1), torch.tensor([2])), 2)
+    assert torch.equal(step.tokens[1], alone.tokens[0])
+    assert torch.allclose(step.draft_probs[1], alone.draft_probs[0])
