@@ -282,3 +282,20 @@ def test_the_demo_header_shows_the_first_time_conversion(monkeypatch):
     assert conversion_progress("Converting Gemma 3 270M once into /x").startswith("first-time conversion")
     models.error = "broken"
     assert "not loaded: broken" in header_markdown(models)
+
+
+@pytest.mark.skipif(os.environ.get("SPECGEN_GEMMA_TESTS") != "1" or not gemma.extra_installed()
+                    or gemma.shipped_draft() is None,
+                    reason="the real Gemma 3 270M with its shipped draft (gemma extra): set SPECGEN_GEMMA_TESTS=1")
+def test_real_gemma_serves_prompts_as_generated_one_by_one():
+    """Continuous batching on the real served Gemma with its reduced-vocabulary draft and with prompt lookup:
+    every prompt's tokens equal `generate`'s."""
+    from specgen.modalities.text.generator import TextGenerator
+
+    generator = TextGenerator()
+    prompts = ["def fibonacci(n):\n", "The quick brown fox", "import os\nimport sys\n", "Q: What is 2 + 2?\nA:",
+               "Once upon a time"]
+    for method in ("draft", "ngram"):
+        served = dict(generator.serve(prompts, rows=3, method=method, max_new_tokens=24))
+        for index, prompt in enumerate(prompts):
+            assert served[index].tokens == generator.generate(prompt, method=method, max_new_tokens=24).tokens
