@@ -163,7 +163,7 @@ class ModelDrafter:
                 tokens[i, :count], tokens[i, count:count + u] = pending[i, :count], feed[i]
         length = counts + u
         at = first[:, None] - counts[:, None] + torch.arange(tokens.shape[1])  # [rows, w]
-        # a ragged backlog (a row that just took a new request feeds its whole prompt): padding is not scored
+        # a ragged backlog (rows that accepted different counts, or new prompts): padding is not scored
         valid = length if bool((length < tokens.shape[1]).any()) else None
         logits = self.engine.score(self._draft_ids(tokens), at, rows, valid=valid)  # [rows, w, vocab]
         self.forward_calls += 1
@@ -223,11 +223,9 @@ class ModelDrafter:
             tokens[j, :counts[j]] = torch.tensor(feeds[i][:-1])
             feeds[i] = feeds[i][-1:]
         subset = rows[long]
-        positions = self.engine.cache.lengths[subset][:, None] + torch.arange(tokens.shape[1])
-        valid = counts if bool((counts < tokens.shape[1]).any()) else None
-        self.engine.score(self._draft_ids(tokens), positions, subset, valid=valid)
-        self.forward_calls += 1
-        self.engine.commit(torch.arange(tokens.shape[1]) < counts[:, None], subset)
+        # the backlog alone, nothing drafted (`first`: where a drafted token would go, right after the backlog)
+        self._feed(subset, (tokens, counts), torch.zeros(len(long), 0, dtype=torch.long),
+                   self.engine.cache.lengths[subset] + counts)
 
     def _catch_up(self, ctx: DecodeContext):
         """Roll each row back to the longest common prefix of its cache and the committed context; return the
