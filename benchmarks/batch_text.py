@@ -62,7 +62,8 @@ def main() -> None:
 
         def run_loop():
             if args.rows:  # the runner one by one
-                return [SimpleNamespace(tokens=r["result"]["tokens"]) for r in run_runner(rep, "one", 1)]
+                return [SimpleNamespace(tokens=r["result"]["tokens"], stats=r["stats"])
+                        for r in run_runner(rep, "one", 1)]
             return [generator.generate(item["prompt"], method=item["method"], seed=item["seed"], **item["params"])
                     for item in items]
 
@@ -83,11 +84,16 @@ def main() -> None:
     ratios = [b / lp for b, lp in zip(batch_s, loop_s)]
     other = "one by one" if args.rows else "loop"
     runner = f"runner --rows {args.rows}" if args.rows else "runner"
-    print(f"| items | tokens | method | {runner} s (median) | {other} s (median) | {runner} / {other} | identical |")
-    print("|---|---|---|---|---|---|---|")
+    # per item: its own steps (target passes it took part in) and tau, from the last repeat's records
+    steps = (sum(r["stats"]["steps"] for r in records), sum(r.stats["steps"] for r in results))
+    tau = (statistics.mean(r["stats"]["tau"] for r in records), statistics.mean(r.stats["tau"] for r in results))
+    print(f"| items | tokens | method | {runner} s (median) | {other} s (median) | {runner} / {other} | "
+          "item steps (runner / other) | mean τ (runner / other) | identical |")
+    print("|---|---|---|---|---|---|---|---|---|")
     print(f"| {len(items)} | {tokens} | {args.method} | {statistics.median(batch_s):.2f} | "
           f"{statistics.median(loop_s):.2f} | {statistics.median(ratios):.3f} "
-          f"(range {min(ratios):.3f}-{max(ratios):.3f}) | {'yes' if same else 'NO'} |")
+          f"(range {min(ratios):.3f}-{max(ratios):.3f}) | {steps[0]} / {steps[1]} | {tau[0]:.2f} / {tau[1]:.2f} | "
+          f"{'yes' if same else 'NO'} |")
     print(f"\nmodel {generator.model_path}, draft {generator.draft_path}, torch {torch.__version__}, "
           f"threads {args.threads}, {platform.processor() or platform.machine()}, "
           f"load average {' '.join(f'{x:.2f}' for x in __import__('os').getloadavg())}")
