@@ -34,7 +34,6 @@ SOURCE_FIELDS = {"text": ("prompt",), "image": ("prompt", "class"), "video": ("p
                  "speech": ("text",)}
 KNOWN_FIELDS = {"id", "modality", "prompt", "class", "text", "method", "params", "seed", "category"}
 RUNNABLE = ("text", "image", "video", "speech")  # modalities this version generates
-DEFAULT_METHOD = {"image": "mc-sjd", "video": "mc-sjd", "speech": "sd"}  # text: generator.default_method
 
 
 @dataclass(frozen=True)
@@ -117,7 +116,7 @@ def _method_params(modality: str, method: str, params: dict) -> dict:
     return {**options, **knob_values}
 
 
-def parse_request(item: object, line: int, default_text_method: str) -> Request:
+def parse_request(item: object, line: int, default_text_method: str | None = None) -> Request:
     if not isinstance(item, dict):
         raise InvalidRequest("expected a JSON object")
     unknown = sorted(set(item) - KNOWN_FIELDS)
@@ -158,12 +157,13 @@ def parse_request(item: object, line: int, default_text_method: str) -> Request:
     seed = item.get("seed", 0)
     _check_int('"seed"', seed, 0, MAX_SEED)
     if modality in OPTIONS:
-        method = method or DEFAULT_METHOD.get(modality, default_text_method)
+        text_default = default_text_method if modality == "text" else None  # the text model's own, when known
+        method = method or text_default or registry.default_method(modality)
         params = _method_params(modality, method, params)  # unknown method names fail here too
     return Request(line, item_id, modality, source_field, source, method, params, seed)
 
 
-def load_requests(path: Path, default_text_method: str = "draft") -> list[Request]:
+def load_requests(path: Path, default_text_method: str | None = None) -> list[Request]:
     """Every non-blank line parsed and validated; the first problem raises InvalidRequest naming its line."""
     requests, first_line = [], {}
     for number, item in read_objects(path):

@@ -205,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
         if modality == "speech":
             p.add_argument("--text", required=True, type=_non_empty, help="the text to speak")
         elif modality == "text":
-            p.add_argument("--prompt", required=True, type=_non_empty, help="the prompt to continue")
+            p.add_argument("--prompt", type=_non_empty,
+                           help="the prompt to continue (default: the model's example prompt, printed to stderr)")
         else:
             source = p.add_mutually_exclusive_group(required=True)
             source.add_argument("--prompt", type=_non_empty, help="text prompt")
@@ -224,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--num-samples", type=_int_at_least(1), default=1, metavar="N",
                            help="independent samples, batched internally (default: 1)")
             p.add_argument("--trace", type=_output_path(), metavar="FILE", help="write the step events as JSON Lines")
+            p.add_argument("--compare", action="store_true",
+                           help="run the same request by plain decoding too and report the measured speedup and, "
+                                "at temperature 0, whether the outputs are identical")
         elif modality in ("image", "video"):
             shipped = "assets/image/target" if modality == "image" else "assets/image/video"
             p.add_argument("--model", help=f"{modality} token model folder (default: the shipped {shipped})")

@@ -11,7 +11,7 @@ def generate_image(args) -> int:
     from tqdm import tqdm
 
     from specgen.modalities.image.generator import ImageGenerator
-    from specgen.samplers.registry import get_method
+    from specgen.samplers.registry import default_method, get_method
     from specgen.samplers.stats import SpecStats
 
     modality = getattr(args, "modality", "image")
@@ -22,7 +22,7 @@ def generate_image(args) -> int:
 
         raise InvalidRequest(f"{generator.model_path} is {'a video' if generator.modality == 'video' else 'an image'} "
                              f"model; use `specgen generate {generator.modality}`")
-    method = args.method or "mc-sjd"
+    method = args.method or default_method(modality)
     knobs = {k: v for k, v in (("window", args.window), ("init", args.init)) if v is not None}
     if knobs and not (get_method(modality, method).drafter or "").startswith("jacobi"):
         from specgen.errors import InvalidRequest

@@ -44,10 +44,10 @@ def generate_speech(args) -> int:
     from specgen.modalities.speech.codec import write_wav
     from specgen.modalities.speech.generator import SpeechGenerator
     from specgen.modalities.speech.models import DEFAULT_VOICE
-    from specgen.samplers.registry import get_method
+    from specgen.samplers.registry import default_method, get_method
     from specgen.samplers.stats import SpecStats
 
-    method = args.method or "sd"
+    method = args.method or default_method("speech")
     spec = get_method("speech", method)
     knobs = _method_knobs(spec, args)  # before any model loads: a bad knob is a quick one-line error
     generator = SpeechGenerator(model=args.model, draft=args.draft, codec=args.codec, threads=args.threads)

@@ -8,12 +8,18 @@ from contextlib import nullcontext
 
 
 def generate_text(args) -> int:
-    from specgen.modalities.text.generator import TextGenerator
-    from specgen.samplers.stats import SpecStats
     import time
 
+    from specgen.modalities.text.generator import TextGenerator
+    from specgen.samplers.stats import SpecStats
+
+    loading = time.perf_counter()
     generator = TextGenerator(model=args.model, draft=args.draft, threads=args.threads)
+    load_s = time.perf_counter() - loading
     method = args.method or generator.default_method
+    if args.prompt is None:
+        args.prompt = generator.example_prompt
+        print(f"prompt (the model's example; choose another with --prompt): {args.prompt!r}", file=sys.stderr)
     stats = SpecStats()
     tokens: list[list[int]] = [[] for _ in range(args.num_samples)]
     shown = ""
@@ -38,7 +44,10 @@ def generate_text(args) -> int:
 
     summary = stats.summary(method=method, lossless=get_method("text", method).lossless, wall_s=wall_s,
                             ar_step_s=generator.measure_step_s(args.prompt))
+    summary["load_s"] = load_s  # loading the models, apart from wall_s (decoding) and tokens_per_s (its speed)
     samples = [{"text": generator.tokenizer.decode(t, skip_special_tokens=True), "tokens": t} for t in tokens]
+    if args.compare:
+        summary.update(_compare_with_plain(generator, args, method, tokens, wall_s))
     if args.json:
         out = ({"text": samples[0]["text"], "tokens": samples[0]["tokens"], "stats": summary} if args.num_samples == 1
                else {"samples": samples, "stats": summary})
@@ -46,6 +55,31 @@ def generate_text(args) -> int:
     else:
         for sample in samples:
             print(sample["text"])
-        print(f"[{method}] tau {summary['tau']:.2f}, {summary['steps']} steps, "
-              f"{summary['tokens_per_s'] or 0:.1f} tokens/s", file=sys.stderr)
+        print(f"[{method}] {summary['committed']} tokens in {wall_s:.2f} s ({summary['tokens_per_s'] or 0:.1f} "
+              f"tokens/s decoding), tau {summary['tau']:.2f}, {summary['steps']} steps; "
+              f"models loaded in {load_s:.1f} s", file=sys.stderr)
+        if args.compare:
+            print(_comparison_line(summary), file=sys.stderr)
     return 0
+
+
+def _compare_with_plain(generator, args, method: str, tokens: list[list[int]], wall_s: float) -> dict:
+    """The same request decoded plainly (`ar`): the measured speedup and, at temperature 0, whether every sample's
+    tokens are the same (they must be: the methods are exact; a difference is reported, not hidden)."""
+    plain = generator.generate(args.prompt, method="ar", max_new_tokens=args.max_new_tokens,
+                               temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                               num_samples=args.num_samples)
+    result = {"ar_wall_s": plain.stats["wall_s"], "ar_tokens_per_s": plain.stats["tokens_per_s"],
+              "speedup_vs_ar": plain.stats["wall_s"] / wall_s if wall_s > 0 else None}
+    if args.temperature == 0:
+        result["identical_to_ar"] = [s["tokens"] for s in plain.samples] == tokens
+    return result
+
+
+def _comparison_line(summary: dict) -> str:
+    line = (f"[ar] plain decoding of the same request: {summary['ar_wall_s']:.2f} s "
+            f"({summary['ar_tokens_per_s'] or 0:.1f} tokens/s); {summary['method']} is "
+            f"{summary['speedup_vs_ar'] or 0:.2f}x as fast")
+    if "identical_to_ar" in summary:
+        line += ", identical output" if summary["identical_to_ar"] else ", OUTPUT DIFFERS from plain decoding"
+    return line

@@ -175,7 +175,7 @@ def build_image_tab(gr, image_models: ImageModels, *, concurrency_limit: int, co
     modality = image_models.modality
     examples = video_data.EXAMPLE_PROMPTS if modality == "video" else conditions.EXAMPLE_PROMPTS
     methods = registry.method_names(modality)
-    default = "mc-sjd" if "mc-sjd" in methods else methods[0]
+    default = registry.default_method(modality)
     knobs = registry.get_method(modality, default).resolve_knobs({})
     with gr.Tab(modality.capitalize(), id=modality, elem_id=f"tab-{modality}"):
         with gr.Row():

@@ -115,7 +115,7 @@ def build_speech_tab(gr, speech_models: SpeechModels, *, concurrency_limit: int,
             with gr.Column(scale=1):
                 text = gr.Textbox(label="Text to speak", lines=3, value="The quick brown fox jumps over the lazy dog.",
                                   elem_id="speech-text")
-                method = gr.Dropdown(methods, value="sd" if "sd" in methods else methods[0], label="Method",
+                method = gr.Dropdown(methods, value=registry.default_method("speech"), label="Method",
                                      elem_id="speech-method")
                 compare = gr.Checkbox(value=True, label="compare with plain decoding", elem_id="speech-compare")
                 with gr.Row():
@@ -129,7 +129,7 @@ def build_speech_tab(gr, speech_models: SpeechModels, *, concurrency_limit: int,
                     temperature = gr.Slider(0.0, 2.0, value=0.8, step=0.05, label="temperature",
                                             info="0 means greedy", elem_id="speech-temperature")
                     seed = gr.Number(value=0, precision=0, minimum=0, label="seed", elem_id="speech-seed")
-                    knob_widgets = _knob_widgets(gr, "sd" if "sd" in methods else methods[0])
+                    knob_widgets = _knob_widgets(gr, registry.default_method("speech"))
             with gr.Column(scale=2):
                 output = gr.Audio(label="Speech", elem_id="speech-output", interactive=False, type="numpy")
                 with gr.Row():

@@ -1,80 +1,26 @@
-"""Hot-path ops of verification, behind one dispatch setting.
+"""Sampling ops behind one dispatch (`dispatch.py`), installed as `specgen.kernels`.
 
-Each op has exactly one torch implementation (`kernels.reference`, the specification and the CPU path) and,
-where written, a Triton kernel with the same signature (`kernels.triton_ops`). `set_backend` (or the
-SPECGEN_KERNELS environment variable) chooses: "auto" (default) runs Triton on CUDA tensors and torch
-elsewhere; "torch" always torch; "triton" always Triton (on a CPU only under TRITON_INTERPRET=1, for tests).
-Samplers call these names and never keep private copies of the math.
+Run from the repository root (`python -m pytest`, `python -m specgen …`, a script beside this folder), Python
+puts the root on sys.path, and this folder answers to the top-level name `kernels` too. That name belongs to
+Hugging Face's `kernels` package, which transformers imports whenever a model module loads. Imported under that
+name, this file hands the import over to the installed package, so the folder never shadows it. Imported as
+`specgen.kernels`, it re-exports the dispatched ops.
 """
 
-from __future__ import annotations
+if __name__ == "kernels":
+    import importlib.machinery
+    import importlib.util
+    import os
+    import sys
 
-import os
-from importlib.util import find_spec
-
-from specgen.kernels import reference
-
-OPS = ("rejection_sample", "greedy_verify", "sample_categorical", "accept_probability", "residual_probs",
-       "ancestor_mask", "sibling_step", "tree_children", "tree_rejection_sample", "coupled_resample",
-       "gumbel_argmax", "group_mass")
-TRITON_OPS = ("rejection_sample", "greedy_verify", "ancestor_mask", "tree_rejection_sample", "coupled_resample",
-              "gumbel_argmax", "group_mass")
-HAS_TRITON = find_spec("triton") is not None
-BACKENDS = ("auto", "torch", "triton")
-_backend = os.environ.get("SPECGEN_KERNELS", "auto")
-
-
-def set_backend(name: str) -> None:
-    global _backend
-    if name not in BACKENDS:
-        from specgen.errors import InvalidRequest
-
-        raise InvalidRequest(f"unknown kernel backend {name!r}; choose from: {', '.join(BACKENDS)}")
-    if name == "triton" and not HAS_TRITON:
-        from specgen.errors import MissingExtra
-
-        raise MissingExtra("the triton backend needs the triton package")
-    _backend = name
-
-
-def backend() -> str:
-    return _backend
-
-
-def _triton_module():
-    from specgen.kernels import triton_ops  # imported on first use: TRITON_INTERPRET is read at import
-
-    return triton_ops
-
-
-def _uses_triton(name: str, args) -> bool:
-    if name not in TRITON_OPS or not HAS_TRITON or _backend == "torch":
-        return False
-    if _backend == "triton":
-        return True
-    return any(getattr(a, "is_cuda", False) for a in args)  # auto: CUDA tensors go to Triton
-
-
-def _op(name: str):
-    def dispatched(*args, **kwargs):
-        module = _triton_module() if _uses_triton(name, args) else reference
-        return getattr(module, name)(*args, **kwargs)
-
-    dispatched.__name__ = name
-    dispatched.__doc__ = getattr(reference, name).__doc__
-    return dispatched
-
-
-rejection_sample = _op("rejection_sample")
-greedy_verify = _op("greedy_verify")
-sample_categorical = _op("sample_categorical")
-accept_probability = _op("accept_probability")
-residual_probs = _op("residual_probs")
-ancestor_mask = _op("ancestor_mask")
-sibling_step = _op("sibling_step")
-tree_children = _op("tree_children")
-tree_rejection_sample = _op("tree_rejection_sample")
-coupled_resample = _op("coupled_resample")
-gumbel_argmax = _op("gumbel_argmax")
-group_mass = _op("group_mass")
-PLACEHOLDER = reference.PLACEHOLDER
+    _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    _rest = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != _root]
+    _spec = importlib.machinery.PathFinder.find_spec("kernels", _rest)
+    if _spec is None:
+        raise ModuleNotFoundError("No module named 'kernels'", name="kernels")
+    _module = importlib.util.module_from_spec(_spec)
+    sys.modules["kernels"] = _module  # what `import kernels` returns once this file has run
+    _spec.loader.exec_module(_module)
+else:
+    from specgen.kernels.dispatch import *  # noqa: F401,F403
+    from specgen.kernels.dispatch import __all__  # noqa: F401

@@ -93,6 +93,21 @@ def get_method(modality: str, name: str) -> MethodSpec:
         raise InvalidRequest(f"unknown {modality} method {name!r}; choose from: {choices}") from None
 
 
+# What a request without a method gets. Text depends on the model (`default_method`); the media models have one pair.
+DEFAULT_METHODS = {"image": "mc-sjd", "video": "mc-sjd", "speech": "sd"}
+
+
+def default_method(modality: str, *, draft_model: bool = False, lookup_first: bool = False) -> str:
+    """The method a request without one gets. Text: a draft model's `draft` when one is loaded, unless the model is
+    one measured faster with prompt lookup (`lookup_first`, Gemma 3 270M: benchmarks/text-gemma-latest.md); else
+    prompt lookup `ngram` (exact, and a step that finds no match costs what a plain step costs)."""
+    if modality == "text":
+        return "draft" if draft_model and not lookup_first else "ngram"
+    if modality not in DEFAULT_METHODS:
+        raise InvalidRequest(f"unknown modality {modality!r}; choose from: {', '.join(MODALITIES)}")
+    return DEFAULT_METHODS[modality]
+
+
 def all_methods() -> list[MethodSpec]:
     return list(_METHODS.values())
 

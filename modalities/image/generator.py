@@ -35,7 +35,7 @@ from specgen.samplers.jacobi import JacobiDrafter
 from specgen.samplers.loop import speculative_generate
 from specgen.samplers.policies import FixedLength
 from specgen.samplers.processing import Processing
-from specgen.samplers.registry import get_method
+from specgen.samplers.registry import default_method, get_method
 from specgen.samplers.stats import SpecStats
 from specgen.samplers.types import StepEvent
 
@@ -107,9 +107,10 @@ class ImageGenerator:
         return Processing(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance,
                           hooks=(CodesOnly(self.vocab.num_codes),))
 
-    def stream(self, prompt: str, *, method: str = "mc-sjd", temperature: float = 1.0, top_k: int | None = None,
+    def stream(self, prompt: str, *, method: str | None = None, temperature: float = 1.0, top_k: int | None = None,
                top_p: float = 1.0, guidance_scale: float | None = None, seed: int = 0, num_samples: int = 1,
                stats: SpecStats | None = None, **params) -> Iterator[StepEvent]:
+        method = method or default_method(self.modality)  # the registry's default
         spec = get_method(self.modality, method)
         knobs = spec.resolve_knobs(params)
         if num_samples < 1:
@@ -167,8 +168,9 @@ class ImageGenerator:
             self._neighbours[k] = latent_neighbours(codebook, k, self.vocab.vocab_size)
         return self._neighbours[k]
 
-    def generate(self, prompt: str, *, method: str = "mc-sjd", ar_step_s: float | None = None,
+    def generate(self, prompt: str, *, method: str | None = None, ar_step_s: float | None = None,
                  **options) -> ImageResult:
+        method = method or default_method(self.modality)  # the registry's default
         stats = SpecStats()
         num_samples = options.get("num_samples", 1)
         tokens: list[list[int]] = [[] for _ in range(num_samples)]

@@ -24,7 +24,7 @@ from specgen.samplers.jacobi import JacobiDrafter
 from specgen.samplers.loop import speculative_generate
 from specgen.samplers.policies import FixedLength
 from specgen.samplers.processing import Processing
-from specgen.samplers.registry import get_method
+from specgen.samplers.registry import default_method, get_method
 from specgen.samplers.stats import SpecStats
 
 
@@ -106,9 +106,10 @@ class JanusImageGenerator:
         return Processing(temperature=temperature, top_k=top_k,
                           guidance_scale=guidance_scale if guidance_scale > 1 else None)
 
-    def stream(self, input_ids, *, method: str = "mc-sjd", temperature: float = 1.0, top_k: int = 0,
+    def stream(self, input_ids, *, method: str | None = None, temperature: float = 1.0, top_k: int = 0,
                guidance_scale: float = 5.0, seed: int = 0, num_samples: int = 1, max_new_tokens: int | None = None,
                stats: SpecStats | None = None, **params):
+        method = method or default_method("image")  # the registry's default
         spec = get_method("image", method)
         knobs = spec.resolve_knobs(params)
         prompt = self.shifted(input_ids)
@@ -127,7 +128,8 @@ class JanusImageGenerator:
                                         processing=processing, max_new_tokens=max_new_tokens,
                                         policy=policy, seed=seed, stats=stats)
 
-    def generate(self, input_ids, *, method: str = "mc-sjd", **options) -> JanusResult:
+    def generate(self, input_ids, *, method: str | None = None, **options) -> JanusResult:
+        method = method or default_method("image")  # the registry's default
         stats = SpecStats()
         tokens: list[list[int]] = [[] for _ in range(options.get("num_samples", 1))]
         started = time.perf_counter()

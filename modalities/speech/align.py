@@ -200,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--units", choices=("characters", "phonemes"), default="characters",
-                   help="align the frames to the text's characters (default) or to its phonemes (needs espeak-ng)")
+                   help="align the frames to the text's characters (default) or to its phonemes (espeak-ng's, "
+                        "from the libespeak-ng in the espeakng-loader wheel)")
     a = p.parse_args(argv)
     import torch
 

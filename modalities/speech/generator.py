@@ -33,7 +33,7 @@ from specgen.samplers.acceptance import make_rule
 from specgen.samplers.loop import speculative_generate
 from specgen.samplers.policies import make_policy
 from specgen.samplers.processing import Processing
-from specgen.samplers.registry import get_method
+from specgen.samplers.registry import default_method, get_method
 from specgen.samplers.groups import TokenGroups
 from specgen.samplers.stats import SpecStats
 from specgen.samplers.types import StepEvent
@@ -190,9 +190,11 @@ class SpeechGenerator:
                                  f"tokens, context {self.model.config.max_position_embeddings}), got {max_new_tokens}")
         return max_new_tokens
 
-    def stream(self, text: str, *, method: str = "sd", voice: str = DEFAULT_VOICE, max_new_tokens: int | None = None,
+    def stream(self, text: str, *, method: str | None = None, voice: str = DEFAULT_VOICE,
+               max_new_tokens: int | None = None,
                temperature: float | None = None, top_k: int | None = None, top_p: float = 1.0, seed: int = 0,
                num_samples: int = 1, stats: SpecStats | None = None, **params) -> Iterator[StepEvent]:
+        method = method or default_method("speech")  # the registry's default
         spec = get_method("speech", method)
         knobs = spec.resolve_knobs(params)
         if num_samples < 1:
@@ -211,9 +213,10 @@ class SpeechGenerator:
                                         [prompt_ids] * num_samples, processing=processing, max_new_tokens=limit,
                                         policy=policy, seed=seed, stop_tokens=(self.vocab.eos,), stats=stats)
 
-    def generate(self, text: str, *, method: str = "sd", ar_step_s: float | None = None, decode: bool = True,
+    def generate(self, text: str, *, method: str | None = None, ar_step_s: float | None = None, decode: bool = True,
                  **options) -> SpeechResult:
         """Tokens, waveform (decode=False skips the vocoder: audio stays empty) and the stats of one request."""
+        method = method or default_method("speech")  # the registry's default
         stats = SpecStats()
         num_samples = options.get("num_samples", 1)
         tokens: list[list[int]] = [[] for _ in range(num_samples)]

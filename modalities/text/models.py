@@ -23,7 +23,7 @@ ARCHITECTURES = {
 
 def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE):
     """A byte-level BPE over `texts` wrapped as a `PreTrainedTokenizerFast` (any byte string round-trips)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     # No prefix space and no trimming: decode(encode(s)) must give back s byte for byte.
@@ -32,6 +32,10 @@ def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE):
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[PAD, BOS, EOS], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer=trainer)
+    # the models train on `<bos> text <eos>`: encoding a prompt adds the BOS they were trained after, as
+    # transformers' generate expects of a tokenizer (the token caches encode without special tokens)
+    tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B",
+                                                       special_tokens=[(BOS, tok.token_to_id(BOS))])
     return wrap_tokenizer(tok)
 
 

@@ -56,7 +56,6 @@ BAD = {
     "threads after command": ["selfcheck", "--threads", "-1"],
     "no modality": ["generate"],
     "unknown modality": ["generate", "audio", "--text", "x"],
-    "text without prompt": ["generate", "text"],
     "empty prompt": ["generate", "text", "--prompt", "  "],
     "zero new tokens": ["generate", "text", "--prompt", "hi", "--max-new-tokens", "0"],
     "fractional new tokens": ["generate", "text", "--prompt", "hi", "--max-new-tokens", "2.5"],
@@ -283,9 +282,9 @@ def test_console_script_help_is_fast():
 
 
 def test_console_script_error_is_fast_and_one_line():
-    proc, wall = _subprocess([str(Path(sys.executable).with_name("specgen")), "generate", "text"])
+    proc, wall = _subprocess([str(Path(sys.executable).with_name("specgen")), "generate", "speech"])
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr == "error: the following arguments are required: --prompt\n"
+    assert proc.stderr == "error: the following arguments are required: --text, --out\n"
     assert wall < 2.0
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from specgen import kernels
+from specgen.kernels import dispatch
 from specgen.errors import InvalidRequest
 from specgen.samplers.chisquare import goodness_of_fit
 
@@ -413,8 +414,8 @@ def test_gumbel_argmax_never_returns_a_zero_probability_token():
 def test_backend_dispatch():
     assert kernels.backend() == "auto"  # CUDA tensors go to Triton, CPU tensors to torch
     assert set(kernels.OPS) <= set(dir(kernels))
-    assert not kernels._uses_triton("rejection_sample", (torch.zeros(1),))
-    assert not kernels._uses_triton("sample_categorical", (torch.zeros(1),))  # no kernel: always torch
+    assert not dispatch._uses_triton("rejection_sample", (torch.zeros(1),))
+    assert not dispatch._uses_triton("sample_categorical", (torch.zeros(1),))  # no kernel: always torch
     with pytest.raises(InvalidRequest):
         kernels.set_backend("no-such-backend")
     assert kernels.backend() == "auto"

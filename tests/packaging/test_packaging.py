@@ -53,6 +53,35 @@ def test_specgen_kernels_is_the_repo_folder(tmp_path):
 
 # ---- (b) transformers' probe for Hugging Face's `kernels` -------------------------------------------------------
 
+def test_the_root_kernels_folder_never_shadows_hugging_faces_package():
+    # transformers >= 5.25 imports Hugging Face's `kernels` (`from kernels import CUDAProperties, ...`) when a model
+    # module loads; from the root, `import kernels` finds our folder first, which must hand over to the package.
+    pytest.importorskip("kernels")  # Hugging Face's, from site-packages: this test module's own root is not first
+    code = ("from transformers.models.llama import modeling_llama\n"
+            "import kernels, specgen.kernels\n"
+            "print(kernels.__file__)\n"
+            "print(specgen.kernels.rejection_sample.__name__)")
+    origin, op = _python(code, cwd=ROOT).strip().splitlines()[-2:]
+    assert not Path(origin).resolve().is_relative_to(ROOT), origin
+    assert op == "rejection_sample"
+
+
+def test_python_dash_m_specgen_generates_text_from_the_repository_root():
+    # the command that met the shadowing first: loading a transformers model from the root
+    proc = subprocess.run([sys.executable, "-m", "specgen", "generate", "text", "--prompt", "x", "--max-new-tokens",
+                           "4", "--model", "assets/code/target", "--draft", "assets/code/draft", "--json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert len(json.loads(proc.stdout)["tokens"]) == 4
+
+
+def test_the_root_kernels_folder_is_no_package_of_its_own():
+    # Without Hugging Face's package on the path (-S: no site-packages), the top-level name stays unresolved.
+    proc = subprocess.run([sys.executable, "-S", "-c", "import kernels"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode != 0 and "No module named 'kernels'" in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize("where", ["repo root", "elsewhere"])
 def test_transformers_kernels_probe_does_not_break(where, tmp_path):
     # From the repository root the `kernels/` folder is importable as a top-level name; transformers must
@@ -74,11 +103,16 @@ def test_transformers_kernels_probe_does_not_break(where, tmp_path):
 
 def test_every_package_folder_is_listed_in_pyproject():
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert setuptools["package-dir"] == {name: folder for folder, name in FOLDERS.items()}
+    assert setuptools["package-dir"] == {**{name: folder for folder, name in FOLDERS.items()},
+                                         "specgen.assets": "assets"}
     listed = set(setuptools["packages"])
     assert all(name == "specgen" or name.startswith("specgen.") for name in listed)
     on_disk = {_module_name(init).removesuffix(".__init__") for folder in FOLDERS
                for init in (ROOT / folder).rglob("__init__.py") if "__pycache__" not in init.parts}
+    # the shipped checkpoints install as package data: every folder under assets/ is listed, or its files are lost
+    assets = [ROOT / "assets", *(ROOT / "assets").rglob("*")]
+    on_disk |= {".".join(["specgen", *d.relative_to(ROOT).parts]) for d in assets if d.is_dir()}
+    assert setuptools["package-data"] == {"specgen.assets": ["*", "**/*"]}
     assert on_disk - listed == set(), "package folders missing from [tool.setuptools] packages"
     assert listed - on_disk == set(), "packages listed in pyproject.toml without a folder"
 
