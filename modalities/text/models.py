@@ -34,7 +34,7 @@ def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE):
     tok.train_from_iterator(texts, trainer=trainer)
     # the models train on `<bos> text <eos>`: encoding a prompt adds the BOS they were trained after, as
     # transformers' generate expects of a tokenizer (the token caches encode without special tokens)
-    tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B",
+    tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS}:1 $B:1",
                                                        special_tokens=[(BOS, tok.token_to_id(BOS))])
     return wrap_tokenizer(tok)
 

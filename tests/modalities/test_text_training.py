@@ -72,7 +72,9 @@ def test_shipped_tokenizer_round_trips_code():
     tok = load_tokenizer(ASSETS_CODE)
     snippet = 'def f(x: int) -> str:\n\t"""Ünïcode — tabs\tand  spaces."""\r\n    return f"{x!r}"  # ok\n'
     ids = tok(snippet)["input_ids"]
-    assert tok.decode(ids) == snippet and len(ids) < len(snippet.encode())
+    assert ids[0] == tok.bos_token_id  # a prompt starts as the training files did: `<bos> text <eos>`
+    assert tok.decode(ids, skip_special_tokens=True) == snippet and len(ids) < len(snippet.encode())
+    assert tok.decode(tok(snippet, add_special_tokens=False)["input_ids"]) == snippet
     assert (tok.bos_token, tok.eos_token, tok.pad_token) == ("<bos>", "<eos>", "<pad>")
     assert len({tok.bos_token_id, tok.eos_token_id, tok.pad_token_id}) == 3
 
