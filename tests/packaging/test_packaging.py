@@ -41,8 +41,10 @@ def test_no_top_level_packages_from_this_repo(tmp_path):
             "print(json.dumps({n: s and (s.origin or list(s.submodule_search_locations or [])) "
             "for n, s in specs.items()}))")
     found = json.loads(_python(code, cwd=tmp_path))
-    for name, origin in found.items():
-        assert origin is None or str(ROOT) not in str(origin), f"top-level {name!r} comes from this repo: {origin}"
+    for name, origin in found.items():  # (a virtual environment may live inside the checkout: CI's does)
+        origins = [] if origin is None else origin if isinstance(origin, list) else [origin]
+        assert not any(Path(o).resolve().is_relative_to(ROOT / name) for o in origins), \
+            f"top-level {name!r} comes from this repo: {origin}"
 
 
 def test_specgen_kernels_is_the_repo_folder(tmp_path):
@@ -62,7 +64,7 @@ def test_the_root_kernels_folder_never_shadows_hugging_faces_package():
             "print(kernels.__file__)\n"
             "print(specgen.kernels.rejection_sample.__name__)")
     origin, op = _python(code, cwd=ROOT).strip().splitlines()[-2:]
-    assert not Path(origin).resolve().is_relative_to(ROOT), origin
+    assert not Path(origin).resolve().is_relative_to(ROOT / "kernels"), origin
     assert op == "rejection_sample"
 
 
