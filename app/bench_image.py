@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from specgen import settings
 from specgen.app.bench_text import (Prompt, _cpu_model, _load, benchmarks_dir, bootstrap_median_ci, load_prompts,
                                     source_state)
 from specgen.errors import InvalidRequest
@@ -104,7 +105,8 @@ def run_bench_image(*, prompts_path: Path | None = None, methods: list[str] | No
     result["env"] = {
         "timestamp_utc": datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"), **source_state(),
         "prompts": str(prompts_path), "repeats": repeats, "windows": list(windows), "threads": torch.get_num_threads(),
-        "cpu_model": _cpu_model(), "load_before": load_before, "load_after": load_after, "torch": torch.__version__,
+        "cpu_model": _cpu_model(), "settings": settings.snapshot(), "load_before": load_before,
+        "load_after": load_after, "torch": torch.__version__,
         "sampling": {"temperature": 1.0, "top_k": generator.processing().top_k,
                      "guidance_scale": generator.processing().guidance_scale},
         "model": str(generator.model_path), "vq": str(generator.vq_path)}

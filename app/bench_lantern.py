@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specgen import settings
 from specgen.app.bench_text import _cpu_model, _load, benchmarks_dir, bootstrap_median_ci, load_prompts, source_state
 
 HEAD_METHODS = ("eagle", "lantern", "lantern++")
@@ -303,6 +304,7 @@ def bench_lantern(args, methods) -> dict:
                    if quality_n else None)
     result = {"speed": speed, "quality": quality, "prompts": [p.id for p in prompts],
               "env": {**source_state(), "timestamp_utc": stamp, "cpu_model": _cpu_model(), "threads": args.threads,
+                      "settings": settings.snapshot(),
                       "load_before": load_before, "load_after": _load(), "repeats": args.repeats,
                       "shape": shape or defaults["shape"], "neighbours": defaults["neighbours"],
                       "head": str(generator.head_path), "wall_s": time.perf_counter() - started,

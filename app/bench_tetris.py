@@ -30,6 +30,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from specgen import settings
+from specgen.settings import use_threads
 from specgen.errors import InvalidRequest
 
 
@@ -154,7 +156,8 @@ def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_
                     "max_new_tokens": max_new_tokens, "temperature": temperature, "repeats": repeats,
                     "prompts": str(prompts_path), "model": str(generator.model_path),
                     "draft": str(generator.draft_path), "threads": torch.get_num_threads(),
-                    "cpu_model": _cpu_model(), "load_before": load_before, "load_after": _load()}}
+                    "cpu_model": _cpu_model(), "settings": settings.snapshot(), "load_before": load_before,
+                    "load_after": _load()}}
 
 
 def measure_slot_cost(generator, prompts: list[str], window: int = 5, repeats: int = 15) -> float:
@@ -266,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out-dir", type=Path, default=None)
     a = p.parse_args(argv)
-    torch.set_num_threads(a.threads)
+    use_threads(a.threads)
     result = run_bench_tetris(batch_size=a.batch_size, capacity=a.capacity, max_draft=a.max_draft,
                               max_new_tokens=a.max_new_tokens, temperature=a.temperature, repeats=a.repeats,
                               steps=a.steps, drafter=a.drafter, estimate=a.estimate, slot_cost=a.slot_cost,

@@ -40,6 +40,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from specgen import settings
 from specgen import __version__
 from specgen.app.jsonl import read_objects
 from specgen.errors import InvalidRequest
@@ -60,8 +61,7 @@ PEER_OF = {"draft": "hf-assisted", "ngram": "hf-prompt-lookup"}
 
 def benchmarks_dir() -> Path:
     """Where prompts and results live: `SPECGEN_BENCHMARKS`, else the source checkout's `benchmarks/`."""
-    override = os.environ.get("SPECGEN_BENCHMARKS")
-    return Path(override) if override else Path(__file__).resolve().parents[1] / "benchmarks"
+    return settings.path("SPECGEN_BENCHMARKS", Path(__file__).resolve().parents[1] / "benchmarks")
 
 
 # ---- prompts -----------------------------------------------------------------------------------------------------
@@ -471,6 +471,7 @@ def environment(runner: Runner, *, source: dict, command: str, prompts_path: Pat
         "specgen": __version__, "python": platform.python_version(), "torch": torch.__version__,
         "transformers": transformers.__version__, "numpy": np.__version__, "platform": platform.platform(),
         "cpu_model": _cpu_model(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
+        "settings": settings.snapshot(),
         "load_before": load_before, "load_after": load_after, "load_max_1min": max(peaks) if peaks else None,
         "load_flag_threshold": LOAD_FLAG, "load_flag": bool(peaks) and max(peaks) > LOAD_FLAG,
         "models": {"target": _model_record(generator.model_path), "draft": _model_record(generator.draft_path)},

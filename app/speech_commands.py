@@ -135,6 +135,7 @@ def run_bench_speech(*, prompts_path: Path | None = None, methods: list[str] | N
     import torch
     from tqdm import tqdm
 
+    from specgen import settings
     from specgen.app.bench_text import _cpu_model, _load, benchmarks_dir, source_state
     from specgen.app.speech_frontier import DEFAULT_THETAS, sweep_variants
     from specgen.modalities.speech.generator import SpeechGenerator
@@ -215,7 +216,8 @@ def run_bench_speech(*, prompts_path: Path | None = None, methods: list[str] | N
     processing = generator.processing()
     result["env"] = {"timestamp_utc": datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"), **source_state(),
                      "prompts": str(prompts_path), "repeats": repeats, "threads": torch.get_num_threads(),
-                     "cpu_model": _cpu_model(), "load_before": load_before, "load_after": load_after,
+                     "cpu_model": _cpu_model(), "settings": settings.snapshot(), "load_before": load_before,
+                     "load_after": load_after,
                      "torch": torch.__version__, "max_new_tokens": max_new_tokens,
                      "sampling": {"temperature": processing.temperature, "top_k": processing.top_k},
                      "model": str(generator.model_path), "draft": str(generator.draft_path),

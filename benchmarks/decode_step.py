@@ -37,7 +37,9 @@ def main() -> None:
     from specgen.modalities.text.generator import load_causal_lm
     from specgen.modalities.transformers_adapter import TransformersTarget
 
-    torch.set_num_threads(args.threads)
+    from specgen.settings import use_threads
+
+    use_threads(args.threads)
     model = load_causal_lm(args.model)
     vocab = model.config.vocab_size
     ids = torch.randint(5, vocab, (max(PREFILLS) + max(WINDOWS),), generator=torch.Generator().manual_seed(0))

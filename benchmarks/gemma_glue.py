@@ -35,7 +35,9 @@ def main() -> None:
     from specgen.modalities.text import gemma
     from specgen.modalities.transformers_adapter import TransformersTarget
 
-    torch.set_num_threads(args.threads)
+    from specgen.settings import use_threads
+
+    use_threads(args.threads)
     model = gemma.load_served(gemma.resolve(print))
     engine = TransformersTarget(model, capacity=1024)
     runner = engine.runner

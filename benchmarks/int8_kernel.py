@@ -28,7 +28,9 @@ def main() -> None:
 
     from specgen.kernels import int8_rows
 
-    torch.set_num_threads(1)
+    from specgen.settings import use_threads
+
+    use_threads(1)
     if not int8_rows.available():
         raise SystemExit("the int8 kernel cannot be built here (needs g++, ninja, AVX2/FMA)")
     paths = [True, False] if int8_rows.wide() else [False]

@@ -42,7 +42,9 @@ def main() -> None:
 
     from specgen.kernels import query_attention
 
-    torch.set_num_threads(1)
+    from specgen.settings import use_threads
+
+    use_threads(1)
     if not query_attention.available():
         raise SystemExit("the attention kernel cannot be built here (needs g++, ninja, AVX2/FMA)")
     results = []

@@ -76,7 +76,9 @@ def main() -> None:
     from specgen.modalities.speech.quality import load_corpus, split_corpus
     from specgen.modalities.speech.train import VAL_UTTERANCES
 
-    torch.set_num_threads(args.threads)
+    from specgen.settings import use_threads
+
+    use_threads(args.threads)
     paths = default_paths()
     corpus = Path(args.corpus)
     acoustic = codec.AcousticCodec.load(paths["codec"])

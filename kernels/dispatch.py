@@ -9,9 +9,9 @@ Samplers call these names and never keep private copies of the math.
 
 from __future__ import annotations
 
-import os
 from importlib.util import find_spec
 
+from specgen import settings
 from specgen.kernels import reference
 
 OPS = ("rejection_sample", "greedy_verify", "sample_categorical", "accept_probability", "residual_probs",
@@ -22,7 +22,7 @@ TRITON_OPS = ("rejection_sample", "greedy_verify", "ancestor_mask", "tree_reject
 HAS_TRITON = find_spec("triton") is not None
 BACKENDS = ("auto", "torch", "triton")
 __all__ = [*OPS, "OPS", "TRITON_OPS", "HAS_TRITON", "BACKENDS", "PLACEHOLDER", "set_backend", "backend"]
-_backend = os.environ.get("SPECGEN_KERNELS", "auto")
+_backend: str | None = None  # set_backend's choice; else the SPECGEN_KERNELS setting, read when an op runs
 
 
 def set_backend(name: str) -> None:
@@ -39,7 +39,7 @@ def set_backend(name: str) -> None:
 
 
 def backend() -> str:
-    return _backend
+    return _backend or settings.get("SPECGEN_KERNELS")
 
 
 def _triton_module():
@@ -49,9 +49,10 @@ def _triton_module():
 
 
 def _uses_triton(name: str, args) -> bool:
-    if name not in TRITON_OPS or not HAS_TRITON or _backend == "torch":
+    chosen = backend()
+    if name not in TRITON_OPS or not HAS_TRITON or chosen == "torch":
         return False
-    if _backend == "triton":
+    if chosen == "triton":
         return True
     return any(getattr(a, "is_cuda", False) for a in args)  # auto: CUDA tensors go to Triton
 

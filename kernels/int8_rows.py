@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import platform
 
 import torch
+
+from specgen import settings
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +202,7 @@ def _cpu_supported() -> bool:
 def _compile_flags() -> list[str]:
     """AVX2/FMA everywhere; AVX-512F as well where the CPU has it (the 16-lane path is compiled only then, so the
     extension never holds instructions this CPU lacks)."""
-    wide = ["-mavx512f"] if "avx512f" in _cpu_flags() and os.environ.get("SPECGEN_INT8_KERNEL") != "avx2" else []
+    wide = ["-mavx512f"] if "avx512f" in _cpu_flags() and settings.get("SPECGEN_INT8_KERNEL") != "avx2" else []
     return ["-O3", "-mavx2", "-mfma", *wide]
 
 
@@ -215,7 +216,7 @@ def buildable() -> bool:
 def build(prefix: str, source: str, functions: list[str], switch: str, what: str, fallback: str):
     """A C++ CPU extension compiled once per source and flags (cached by torch), or None where it cannot be built
     here or the environment variable `switch` is "off" (the caller then takes its torch path, `fallback`)."""
-    if os.environ.get(switch, "auto") == "off" or not buildable():
+    if settings.get(switch) == "off" or not buildable():
         return None
     try:
         from torch.utils.cpp_extension import load_inline

@@ -9,13 +9,13 @@ against the transformers forward in float64.
 
 from __future__ import annotations
 
-import os
 import time
 import weakref
 
 import torch
 import torch.nn.functional as F
 
+from specgen import settings
 from specgen.kernels import decode_step, query_attention
 
 SUPPORTED = ("llama",)
@@ -197,7 +197,7 @@ def fast_matmul_dtype(model, rows: int = 32) -> torch.dtype | None:
 
     On CPUs with AVX-512 BF16 oneDNN's bfloat16 kernels give the same bits for any row count (float32 MKL does
     not below 8 rows), and a 32-row window's matmuls run about 3x faster (docs/image.md)."""
-    if (os.environ.get("SPECGEN_MATMUL", "").lower() in ("float32", "fp32", "off")
+    if (settings.get("SPECGEN_MATMUL").lower() in ("float32", "fp32", "off")
             or not supports(model) or next(model.parameters()).dtype != torch.float32
             or not query_attention.available()):  # the per-query loop without the kernel costs more than it saves
         return None

@@ -21,6 +21,7 @@ from typing import Iterator
 
 import torch
 
+from specgen.settings import use_threads
 from specgen.errors import InvalidRequest
 from specgen.modalities.image import vq as vq_codec
 from specgen.modalities.image.models import default_paths, load_image_lm, load_image_vocab
@@ -74,7 +75,7 @@ class ImageGenerator:
                  threads: int | None = 1,
                  dtype: torch.dtype = torch.float32, video: bool = False):
         if threads:
-            torch.set_num_threads(threads)
+            use_threads(threads)
         paths = default_paths()
         self.model_path = Path(model or paths["video" if video else "target"])
         self.vq_path = Path(vq or paths["vq"])

@@ -21,6 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from specgen.settings import use_threads
 from specgen.errors import InvalidRequest
 from specgen.modalities.checkpoints import atomic_write as _atomic_write
 from specgen.modalities.checkpoints import export_fp16, restore
@@ -340,7 +341,7 @@ def train(cfg: TrainConfig, resume: bool = True) -> dict:
         raise InvalidRequest("steps must be >= 0 and batch size, lr and threads positive")
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(cfg.threads)
+    use_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     task = _make_task(cfg)
     model = task.model
@@ -525,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.card:
         import torch
 
-        torch.set_num_threads(a.threads)
+        use_threads(a.threads)
         print(json.dumps(card_figures(a.card, seed=a.seed)))
         return 0
     if a.role is None:

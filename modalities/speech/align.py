@@ -205,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     import torch
 
-    torch.set_num_threads(a.threads)
+    from specgen.settings import use_threads
+
+    use_threads(a.threads)
     paths = default_paths()
     tokens = a.tokens or paths["target"].parent / "corpus"
     report = align_corpus(tokens, a.codec or paths["codec"], held_out=VAL_UTTERANCES, seed=a.seed, units=a.units,

@@ -274,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     import torch
 
-    torch.set_num_threads(a.threads)
+    from specgen.settings import use_threads
+
+    use_threads(a.threads)
     if a.merge:
         report = summarise([r for path in a.merge for r in json.loads(path.read_text())["rows"]], a.codec)
     else:

@@ -22,6 +22,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from specgen.settings import use_threads
 from specgen.errors import InvalidRequest, VocabularyMismatch
 from specgen.modalities.model_drafter import ModelDrafter
 from specgen.modalities.speech.codec import AcousticCodec
@@ -117,7 +118,7 @@ class SpeechGenerator:
     def __init__(self, model: str | Path | None = None, draft: str | Path | None = None,
                  codec: str | Path | None = None, *, threads: int | None = 1, dtype: torch.dtype = torch.float32):
         if threads:
-            torch.set_num_threads(threads)
+            use_threads(threads)
         paths = default_paths()
         self.model_path = Path(model or paths["target"])
         self.draft_path = Path(draft) if draft else (paths["draft"] if model is None else None)

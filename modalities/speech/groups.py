@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from specgen.settings import use_threads
 from specgen.errors import InvalidRequest, SpecgenError
 from specgen.modalities.assets import cache_dir
 from specgen.samplers.groups import TokenGroups, build_groups
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rebuild", action="store_true", help="ignore cached groups")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    use_threads(1)
     try:
         paths = default_paths()
         model_dir = Path(args.model or paths["target"])

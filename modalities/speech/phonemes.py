@@ -21,12 +21,12 @@ variant) is replaced by its letters-only form when the inventory has that, and d
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 import shutil
 import subprocess
 import threading
 
+from specgen import settings
 from specgen.errors import InvalidRequest, MissingExtra, SpecgenError
 
 ESPEAK_VOICE = "en-us"
@@ -124,7 +124,7 @@ def _espeak_binary(words: list[str]) -> list[str]:
 
 def _espeak(words: list[str]) -> list[str]:
     """Each word's espeak-ng line from the backend `SPECGEN_ESPEAK` names (module docstring)."""
-    backend = os.environ.get(BACKEND_ENV, "").strip().lower() or "auto"
+    backend = settings.get(BACKEND_ENV).lower()
     if backend not in BACKENDS:
         raise InvalidRequest(f"{BACKEND_ENV} must be one of {', '.join(BACKENDS)}, not {backend!r}")
     if backend == "binary":

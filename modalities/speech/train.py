@@ -26,6 +26,7 @@ import time
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
+from specgen.settings import use_threads
 from specgen.errors import InvalidRequest, ModelNotFound
 from specgen.modalities.checkpoints import atomic_write as _atomic_write
 from specgen.modalities.checkpoints import restore
@@ -364,7 +365,7 @@ def train(cfg: TrainConfig, resume: bool = True, export_only: bool = False) -> d
         raise InvalidRequest(f"noise source must be one of {', '.join(NOISE_SOURCES)}, not {cfg.noise_source!r}")
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(cfg.threads)
+    use_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     task = LMTask(cfg)
     model = task.model
@@ -490,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     from specgen.errors import SpecgenError
     from specgen.modalities.speech.models import default_paths
 
-    torch.set_num_threads(a.threads)
+    use_threads(a.threads)
     try:
         if a.role in ("codec", "tokens"):
             if a.corpus is None or a.out is None:

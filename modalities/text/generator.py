@@ -19,6 +19,7 @@ from typing import Iterator, Sequence
 
 import torch
 
+from specgen.settings import use_threads
 from specgen.errors import InvalidRequest, ModelNotFound, VocabularyMismatch
 from specgen.modalities.assets import assets_dir
 from specgen.modalities.model_drafter import ModelDrafter
@@ -147,7 +148,7 @@ class TextGenerator:
     def __init__(self, model: str | None = None, draft: str | None = None, *, threads: int | None = 1,
                  dtype: torch.dtype = torch.float32):
         if threads:
-            torch.set_num_threads(threads)
+            use_threads(threads)
         default_target, default_draft = default_models()
         if model is None and default_target != gemma.ALIAS:
             _say_fallback_once()

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from specgen.settings import use_threads
 from specgen.errors import InvalidRequest, VocabularyMismatch
 from specgen.modalities.checkpoints import atomic_write as _atomic_write
 from specgen.modalities.checkpoints import export_fp16, restore
@@ -154,7 +155,7 @@ def train_text_model(role: str, out_dir, steps: int, batch_size: int = DEFAULT_B
     eval_every = max(1, min(200, steps // 10)) if eval_every is None else eval_every
     run_dir, export_dir = Path(out_dir), (Path(export_dir) if export_dir is not None else None)
     run_dir.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(threads)
+    use_threads(threads)
     args = dict(role=role, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed, threads=threads,
                 run_dir=str(run_dir), export_dir=str(export_dir), max_files=max_files, warmup=warmup,
                 vocab_size=vocab_size)

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from specgen.settings import use_threads
 from specgen.modalities.checkpoints import atomic_write, restore
 
 
@@ -107,7 +108,7 @@ class HeadTask:
 def train_head(cfg: HeadConfig) -> dict:
     from tqdm import tqdm
 
-    torch.set_num_threads(cfg.threads)
+    use_threads(cfg.threads)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     task = HeadTask(cfg)

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from specgen.settings import use_threads
 from specgen.errors import ModelNotFound
 from specgen.modalities.checkpoints import atomic_write, restore
 
@@ -135,7 +136,7 @@ def _reconstructions(run_dir: Path, n: int, seed: int, split: str) -> tuple[np.n
 def train_classifier(cfg: ClassifierConfig) -> dict:
     from tqdm import tqdm
 
-    torch.set_num_threads(cfg.threads)
+    use_threads(cfg.threads)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     images, labels = _reconstructions(run_dir, cfg.images, cfg.seed, "train")

@@ -321,7 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     args.runs_dir = args.runs_dir or f"runs/distill-{args.experiment}"
     import torch
 
-    torch.set_num_threads(args.threads)
+    from specgen.settings import use_threads
+
+    use_threads(args.threads)
     name = "distill" if args.experiment == "divergences" else f"distill-{args.experiment}"
     print(write(run_experiment(args), args.out_dir, name))
     return 0

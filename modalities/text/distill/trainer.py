@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from specgen.settings import use_threads
 from specgen.errors import InvalidRequest
 from specgen.modalities.checkpoints import atomic_write, export_fp16, restore
 from specgen.modalities.text.distill import data as data_mod
@@ -327,7 +328,7 @@ def prepare_samples(cfg: DistillConfig, say=_say) -> dict:
     cfg.check()
     if cfg.data != "target":
         raise InvalidRequest("--samples-only generates the target's samples: use --data target")
-    torch.set_num_threads(cfg.threads)
+    use_threads(cfg.threads)
     target_path = resolve_model_path(cfg.target or default_models()[0])
     tokenizer = load_tokenizer(target_path)
     cache = data_mod.cache_folder(target_path, cfg.cache_dir)
@@ -349,7 +350,7 @@ def train_draft(cfg: DistillConfig, *, stop_after: int | None = None, say=_say) 
     from specgen.modalities.text.generator import default_models, load_tokenizer, resolve_model_path
 
     cfg.check()
-    torch.set_num_threads(cfg.threads)
+    use_threads(cfg.threads)
     run_dir = Path(cfg.out)
     run_dir.mkdir(parents=True, exist_ok=True)
     target_path = resolve_model_path(cfg.target or default_models()[0])  # `gemma`: its served folder
