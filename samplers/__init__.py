@@ -2,7 +2,11 @@
 
 Submodules, one concept each: `types` (Draft, DraftTree, Verdict, StepEvent), `protocols`, `processing`
 (the one processed distribution), `noise` (counter-based randomness), `acceptance` (rules), `groups` (token
-groups for rules exact in groups) and `group_acceptance` (the relaxed rules PCG and SSD), `tree`,
-`policies` (draft length), `stats`, `loop` (`speculative_generate`), `registry` (method table).
+groups for rules exact in groups) and `group_acceptance` (the relaxed rules PCG and SSD), `trees` (tree shapes,
+Sequoia's program, tree construction and verification), `jacobi` (SJD, MC-SJD, Gumbel coupling), `lantern`
+(LANTERN / LANTERN++ relaxed tree verification), `guided` (batched classifier-free guidance), `policies` (fixed
+and heuristic draft lengths) with `length_policies` (SVIP, Kangaroo-style confidence, the cost model), `stats`,
+`loop` (`speculative_generate`), `registry` (method table and default methods); the verification kit: `toy`
+(table models), `oracle` (exact enumeration), `chisquare`, `selfcheck`.
 Import the submodule you need; this package's top level stays free of torch so the CLI starts fast.
 """

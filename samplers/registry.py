@@ -64,7 +64,9 @@ class MethodSpec:
 
 NUM_DRAFT_TOKENS = Knob("num_draft_tokens", int, 5, "draft length gamma per step", 1, 64)
 LENGTH_SCHEDULE = Knob("length_schedule", str, "fixed",
-                       "'fixed', or 'heuristic' (+2 when all drafts are accepted, -1 otherwise)")
+                       "'fixed'; 'heuristic' (+2 when all drafts are accepted, -1 otherwise); 'svip' (stop at a draft "
+                       "entropy bound); 'kangaroo' (stop below a draft confidence); 'cost' (the length the measured "
+                       "cost model predicts fastest)")
 # 5 as vLLM's prompt_lookup_max: on the bench prompts longer matches change nothing, shorter ones lose
 NGRAM_SIZE = Knob("max_matching_ngram_size", int, 5, "longest n-gram looked up in the context", 1, 16)
 

@@ -5,11 +5,11 @@
 import pytest
 import torch
 
-from specgen.kernels import int8_rows
+from specgen.kernels import cpu_build, int8_rows
 from specgen.modalities import int8_linear
 from specgen.modalities.int8_linear import Int8Linear, quantize_rows
 
-needs_kernel = pytest.mark.skipif(not int8_rows.buildable(), reason="no C++ compiler/ninja or no AVX2/FMA here")
+needs_kernel = pytest.mark.skipif(not cpu_build.buildable(), reason="no C++ compiler/ninja or no AVX2/FMA here")
 
 
 @needs_kernel
@@ -52,7 +52,7 @@ def test_kernel_rows_are_invariant_to_the_number_of_rows(in_features, wide):
 
 @needs_kernel
 def test_the_wide_path_is_built_where_the_cpu_has_avx512():
-    assert int8_rows.wide() == ("avx512f" in int8_rows._cpu_flags())
+    assert int8_rows.wide() == ("avx512f" in cpu_build.cpu_flags())
     if int8_rows.wide():  # a different summation order than the AVX2 path: never mixed within one layer
         weight, scales = random_layer(64, 96)
         x = torch.randn(3, 96, generator=torch.Generator().manual_seed(5))
@@ -62,7 +62,7 @@ def test_the_wide_path_is_built_where_the_cpu_has_avx512():
 
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "fallback"])
 def test_int8_linear_is_row_invariant_on_either_kernel(kernel, monkeypatch):
-    if kernel and not int8_rows.buildable():
+    if kernel and not cpu_build.buildable():
         pytest.skip("no C++ compiler/ninja or no AVX2/FMA here")
     monkeypatch.setattr(int8_rows, "available", lambda: kernel)
     layer = Int8Linear(*random_layer(64, 48, seed=3))

@@ -114,7 +114,8 @@ def test_every_package_folder_is_listed_in_pyproject():
     # the shipped checkpoints install as package data: every folder under assets/ is listed, or its files are lost
     assets = [ROOT / "assets", *(ROOT / "assets").rglob("*")]
     on_disk |= {".".join(["specgen", *d.relative_to(ROOT).parts]) for d in assets if d.is_dir()}
-    assert setuptools["package-data"] == {"specgen.assets": ["*", "**/*"]}
+    on_disk.add("specgen.kernels.csrc")  # the C++ kernels' sources, package data too
+    assert setuptools["package-data"] == {"specgen.assets": ["*", "**/*"], "specgen.kernels.csrc": ["*.cpp", "*.h"]}
     assert on_disk - listed == set(), "package folders missing from [tool.setuptools] packages"
     assert listed - on_disk == set(), "packages listed in pyproject.toml without a folder"
 

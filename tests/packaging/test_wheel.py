@@ -44,6 +44,8 @@ def installed(tmp_path_factory) -> Path:
     manifest = json.loads((ROOT / "assets" / "MANIFEST.json").read_text())
     missing = [e["path"] for e in manifest["files"] if f"specgen/assets/{e['path']}" not in names]
     assert not missing, f"the wheel lacks shipped files: {missing[:5]}"
+    kernel_sources = {f"specgen/kernels/csrc/{p.name}" for p in (ROOT / "kernels" / "csrc").iterdir()}
+    assert kernel_sources and kernel_sources <= names, "the wheel lacks the C++ kernel sources"
     assert not any(n.startswith(("kernels/", "app/", "tests/")) for n in names)  # one `specgen` namespace only
     site = work / "site"
     subprocess.run([*pip, "install", "-q", "--no-deps", "--target", str(site), str(wheel)], check=True,

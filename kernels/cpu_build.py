@@ -1,0 +1,70 @@
+"""One build helper for the C++ CPU kernels, whose sources are real files in kernels/csrc/.
+
+`build` compiles the named files (concatenated in order, headers from csrc/ on the include path) into a torch
+extension once per machine: the module name hashes the sources, the headers and the compile flags, so torch's
+extension cache rebuilds exactly when one of them changes. Where the CPU lacks AVX2/FMA, no compiler or ninja is
+found, or the kernel's switch setting is "off", it returns None and the caller keeps its torch path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import platform
+import shutil
+from pathlib import Path
+
+from specgen import settings
+
+log = logging.getLogger(__name__)
+CSRC = Path(__file__).resolve().with_name("csrc")
+
+
+def cpu_flags() -> set[str]:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def compile_flags() -> list[str]:
+    """AVX2/FMA everywhere; AVX-512F as well where the CPU has it (the 16-lane paths are compiled only then, so an
+    extension never holds instructions this CPU lacks)."""
+    wide = ["-mavx512f"] if "avx512f" in cpu_flags() and settings.get("SPECGEN_INT8_KERNEL") != "avx2" else []
+    return ["-O3", "-mavx2", "-mfma", *wide]
+
+
+def buildable() -> bool:
+    """An x86-64 CPU with AVX2 and FMA, a C++ compiler and ninja: where the kernels must build."""
+    return {"avx2", "fma"} <= cpu_flags() and shutil.which("c++") is not None and shutil.which("ninja") is not None
+
+
+def source(*files: str) -> str:
+    """The named csrc/ files, concatenated in order (one translation unit)."""
+    return "".join((CSRC / name).read_text(encoding="utf-8") for name in files)
+
+
+def build(prefix: str, files: tuple[str, ...], functions: list[str], switch: str, what: str, fallback: str):
+    """The extension built from csrc/`files` exposing `functions`, or None where it cannot be built here or the
+    setting `switch` is "off" (the caller then takes its torch path, `fallback`)."""
+    if settings.get(switch) == "off" or not buildable():
+        return None
+    try:
+        from torch.utils.cpp_extension import load_inline
+
+        flags = compile_flags()
+        text = source(*files)
+        headers = "".join(h.read_text(encoding="utf-8") for h in sorted(CSRC.glob("*.h")))
+        name = prefix + hashlib.sha256((text + headers + " ".join(flags)).encode()).hexdigest()[:12]
+        log.info("building the %s CPU kernel once (about 30 s)", what)
+        return load_inline(name, cpp_sources=text, functions=functions, extra_cflags=flags,
+                           extra_include_paths=[str(CSRC)], verbose=False)
+    except Exception as exc:  # noqa: BLE001 - any build failure means: use the fallback
+        log.warning("%s CPU kernel unavailable (%s); %s", what, str(exc).splitlines()[0], fallback)
+        return None
