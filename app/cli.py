@@ -114,6 +114,48 @@ def _method(modality: str):
     return parse
 
 
+# a text request's own options: a method knob of the same name (EAGLE-2's `top_k`) cannot be a flag of its own
+TEXT_REQUEST_OPTIONS = {"max_new_tokens", "temperature", "top_p", "top_k", "seed", "num_samples"}
+
+
+def _knob_flags(parser: argparse.ArgumentParser, modality: str, exclude: set[str] = frozenset()) -> None:
+    """A flag for every knob of the modality's methods that the parser does not declare by hand (`--tree-budget N`
+    sets `tree_budget`), generated from the registry: no default (the method's own applies), the value checked by
+    the knob when the method is known (`method_knobs`), so a knob the chosen method lacks is one error line."""
+    owners: dict[str, list[str]] = {}
+    knobs = {}
+    for name in registry.method_names(modality):
+        for knob in registry.get_method(modality, name).knobs:
+            owners.setdefault(knob.name, []).append(name)
+            knobs.setdefault(knob.name, knob)
+    for name, knob in knobs.items():
+        flag = "--" + name.replace("_", "-")
+        if name in exclude or flag in parser._option_string_actions:
+            continue
+        metavar = {int: "N", float: "X"}.get(knob.type, "VALUE")
+        parser.add_argument(flag, dest=KNOB_PREFIX + name, metavar=metavar,
+                            help=f"{knob.help} (methods {', '.join(owners[name])}; default: the method's, "
+                                 f"{knob.default!r} in the registry)")
+
+
+KNOB_PREFIX = "knob_"
+
+
+def method_knobs(args: argparse.Namespace, modality: str, method: str) -> dict:
+    """The generated knob flags given, validated against `method` (InvalidRequest names the methods that take it)."""
+    given = {dest[len(KNOB_PREFIX):]: value for dest, value in vars(args).items()
+             if dest.startswith(KNOB_PREFIX) and value is not None}
+    spec = registry.get_method(modality, method)
+    own = {knob.name for knob in spec.knobs}
+    for name in given:
+        if name not in own:
+            takers = [m for m in registry.method_names(modality)
+                      if any(k.name == name for k in registry.get_method(modality, m).knobs)]
+            raise InvalidRequest(f"--{name.replace('_', '-')} applies to {', '.join(takers)}, not {method!r}")
+    spec.resolve_knobs(given)  # a bad value is one error line before any model loads
+    return given
+
+
 def _int_list(low: int, high: int):
     """`--windows 8,16,32`: distinct integers in [low, high], sorted."""
     def parse(text: str) -> list[int]:
@@ -229,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--compare", action="store_true",
                            help="run the same request by plain decoding too and report the measured speedup and, "
                                 "at temperature 0, whether the outputs are identical")
+            _knob_flags(p, modality, exclude=TEXT_REQUEST_OPTIONS)
         elif modality in ("image", "video"):
             shipped = "assets/image/target" if modality == "image" else "assets/image/video"
             p.add_argument("--model", help=f"{modality} token model folder (default: the shipped {shipped})")

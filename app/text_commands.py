@@ -13,9 +13,14 @@ def generate_text(args) -> int:
     from specgen.modalities.text.generator import TextGenerator
     from specgen.samplers.stats import SpecStats
 
+    from specgen.app.cli import method_knobs
+
+    if args.method:
+        method_knobs(args, "text", args.method)  # a knob the method lacks fails before any model loads
     loading = time.perf_counter()
     generator = TextGenerator(model=args.model, draft=args.draft, threads=args.threads)
     method = args.method or generator.default_method
+    knobs = method_knobs(args, "text", method)
     if args.prompt is None:
         args.prompt = generator.example_prompt
         print(f"prompt (the model's example; choose another with --prompt): {args.prompt!r}", file=sys.stderr)
@@ -23,7 +28,7 @@ def generate_text(args) -> int:
     # (tens of seconds the first time on a machine), which belongs to loading, not to the decoding speed
     generator.check_length(generator.encode(args.prompt), args.max_new_tokens)  # a bad request fails first
     ar_step_s = generator.measure_step_s(args.prompt)
-    for _ in generator.stream(args.prompt, method=method, max_new_tokens=2):  # the draft's first forwards too
+    for _ in generator.stream(args.prompt, method=method, max_new_tokens=2, **knobs):  # the draft's forwards too
         pass
     load_s = time.perf_counter() - loading
     stats = SpecStats()
@@ -33,7 +38,7 @@ def generate_text(args) -> int:
     with (open(args.trace, "w") if args.trace else nullcontext()) as trace:
         for event in generator.stream(args.prompt, method=method, max_new_tokens=args.max_new_tokens,
                                       temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                                      num_samples=args.num_samples, stats=stats):
+                                      num_samples=args.num_samples, stats=stats, **knobs):
             tokens[event.row].extend(event.tokens)
             if trace:
                 trace.write(json.dumps(event.to_json()) + "\n")

