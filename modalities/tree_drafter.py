@@ -202,8 +202,8 @@ def tree_drafter(kind: str, model, processing: Processing, knobs: dict, **option
                            max_depth=knobs["max_depth"], rank_temperature=knobs["rank_temperature"],
                            per_round=knobs["per_round"], **options)
     if kind == "tree-eagle2":
-        return TreeDrafter(model, processing, construction="eagle2", budget=knobs["tree_budget"], top_k=knobs["top_k"],
-                           depth=knobs["depth"], **options)
+        return TreeDrafter(model, processing, construction="eagle2", budget=knobs["tree_budget"],
+                           top_k=knobs["expand_top_k"], depth=knobs["depth"], **options)
     raise InvalidRequest(f"unknown tree drafter {kind!r}")
 
 

@@ -186,7 +186,9 @@ register(MethodSpec("eagle2", "text", True,
                     "EAGLE-2's dynamic tree from a draft model: top-k expansion per depth, global re-ranking to the "
                     "node budget; candidates verified by the deterministic tree rule (as EAGLE does)",
                     drafter="tree-eagle2", rule="tree", paper="Li et al. 2024, EAGLE-2 (arXiv 2406.16858)",
-                    knobs=(TREE_BUDGET, Knob("top_k", int, 4, "candidates per expanded node and frontier width", 1, 32),
+                    # not `top_k`: that name is the sampling option of every request, so the knob could not be passed
+                    knobs=(TREE_BUDGET, Knob("expand_top_k", int, 4, "candidates per expanded node and frontier width "
+                                             "(EAGLE-2's top-k)", 1, 32),
                            Knob("depth", int, 5, "expansion rounds (deepest node)", 1, 32))))
 register(MethodSpec("svip", "text", True,
                     "a draft model proposes a chain and stops drafting where its entropy predicts rejection "
