@@ -299,7 +299,8 @@ def _save_gallery(gallery: dict, prompt_ids: list[str], path: Path) -> None:
     sheet.resize((sheet.width * 2, sheet.height * 2), Image.NEAREST).save(path)
 
 
-def write_outputs(result: dict, out_dir: Path, plot: bool = True) -> dict[str, Path]:
+def write_outputs(result: dict, out_dir: Path, plot: bool = True, latest_dir: Path | None = None) -> dict[str, Path]:
+    """bench-MODALITY-STAMP.* in `out_dir`, MODALITY-latest.* in `latest_dir` (default: the same folder)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp, modality = result["env"]["timestamp_utc"], result.get("modality", "image")
     paths = {"json": out_dir / f"bench-{modality}-{stamp}.json", "md": out_dir / f"bench-{modality}-{stamp}.md"}
@@ -312,12 +313,12 @@ def write_outputs(result: dict, out_dir: Path, plot: bool = True) -> dict[str, P
     samples_name = samples.name if samples.exists() else None
     paths["json"].write_text(json.dumps(result, indent=1) + "\n")
     paths["md"].write_text(render_markdown(result, plot_name, samples_name))
-    write_latest(result, paths, out_dir, samples if samples_name else None)
+    write_latest(result, paths, latest_dir or out_dir, samples if samples_name else None)
     return paths
 
 
 def write_latest(result: dict, paths: dict[str, Path], out_dir: Path, samples: Path | None) -> None:
-    """MODALITY-latest.* beside the dated files; the latest report points at the latest plot and samples."""
+    """MODALITY-latest.* in `out_dir`; the latest report points at the latest plot and samples."""
     import shutil
 
     latest = f"{result.get('modality', 'image')}-latest"
@@ -335,9 +336,9 @@ def bench_image(args) -> int:
     modality = getattr(args, "modality", "image")
     if getattr(args, "max_new_tokens", None) is not None:
         raise InvalidRequest(f"--max-new-tokens does not apply to {modality}: every run generates one whole {modality}")
-    from specgen.app.bench_text import checked_out_dir
+    from specgen.app.bench_text import record_dirs
 
-    out_dir = checked_out_dir(Path(getattr(args, "out_dir", None) or benchmarks_dir()))
+    out_dir, latest_dir = record_dirs(getattr(args, "out_dir", None))
     if modality == "image":
         from specgen.app.bench_lantern import HEAD_METHODS, bench_lantern
 
@@ -358,7 +359,7 @@ def bench_image(args) -> int:
     result["env"]["timestamp_utc"] = stamp
     result["env"]["command"] = "specgen " + " ".join(getattr(args, "argv", []))
     result["env"]["wall_s"] = time.perf_counter() - started
-    paths = write_outputs(result, Path(out_dir))
+    paths = write_outputs(result, Path(out_dir), latest_dir=latest_dir)
     if args.json:
         print(json.dumps(result))
     else:

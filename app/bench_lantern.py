@@ -38,7 +38,7 @@ SAMPLES_PER_PROMPT = 20
 GRID_COLUMNS = 8  # samples shown per setting in the report's grid
 
 
-def settings(methods, lambdas, deltas) -> list[tuple[str, dict]]:
+def method_settings(methods, lambdas, deltas) -> list[tuple[str, dict]]:
     out = []
     if "eagle" in methods:
         out.append(("eagle", {}))
@@ -285,7 +285,7 @@ def bench_lantern(args, methods) -> dict:
 
         raise InvalidRequest(f"{generator.model_path} is a video model; use `specgen bench video`")
     prompts = load_prompts(args.prompts or benchmarks_dir() / "prompts" / "image.jsonl", classes=True)
-    chosen = settings(methods, args.lambdas or LAMBDAS, args.deltas or DELTAS)
+    chosen = method_settings(methods, args.lambdas or LAMBDAS, args.deltas or DELTAS)
     shape = getattr(args, "shape", None)
     defaults = get_method("image", "lantern++").resolve_knobs({})
     load_before = _load()
@@ -311,20 +311,20 @@ def bench_lantern(args, methods) -> dict:
                       "command": "specgen " + " ".join(getattr(args, "argv", []))}}
     import shutil
 
-    from specgen.app.bench_text import checked_out_dir
+    from specgen.app.bench_text import record_dirs
 
-    out_dir = checked_out_dir(Path(getattr(args, "out_dir", None) or benchmarks_dir()))
+    out_dir, latest_dir = record_dirs(getattr(args, "out_dir", None))
     base = out_dir / f"bench-image-lantern-{stamp}"
     base.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")  # first: nothing measured is lost
     plot_frontier(base.with_suffix(".png"), result)
     if quality:
         samples_grid(generator, quality["shown"], out_dir / f"{base.name}-samples.png")
-        shutil.copyfile(out_dir / f"{base.name}-samples.png", out_dir / "image-lantern-latest-samples.png")
+        shutil.copyfile(out_dir / f"{base.name}-samples.png", latest_dir / "image-lantern-latest-samples.png")
     base.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     base.with_suffix(".md").write_text(render_markdown(result, base.with_suffix(".png").name))
 
     for kind in ("json", "png"):
-        shutil.copyfile(base.with_suffix(f".{kind}"), out_dir / f"image-lantern-latest.{kind}")
-    (out_dir / "image-lantern-latest.md").write_text(render_markdown(result, "image-lantern-latest.png"))
+        shutil.copyfile(base.with_suffix(f".{kind}"), latest_dir / f"image-lantern-latest.{kind}")
+    (latest_dir / "image-lantern-latest.md").write_text(render_markdown(result, "image-lantern-latest.png"))
     print(f"wrote {base}.{{json,md,png}}", file=sys.stderr)
     return result

@@ -244,8 +244,6 @@ def render_markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from specgen.app.bench_text import benchmarks_dir
-
     p = argparse.ArgumentParser(prog="python -m specgen.app.bench_tetris", description=__doc__.splitlines()[0])
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--capacity", type=int, default=16, help="drafted tokens verified per step for the whole batch")
@@ -276,11 +274,12 @@ def main(argv: list[str] | None = None) -> int:
                               requests=a.requests)
     result["env"]["command"] = "python -m specgen.app.bench_tetris " + " ".join(argv if argv is not None
                                                                                 else sys.argv[1:])
-    out = a.out_dir or benchmarks_dir()
-    out.mkdir(parents=True, exist_ok=True)
+    from specgen.app.bench_text import record_dirs
+
+    runs_dir, latest_dir = record_dirs(a.out_dir)
     stamp = result["env"]["timestamp_utc"]
     kind = "serve" if a.requests else "steady" if a.steps else "static"
-    for name in (f"tetris-{kind}-{stamp}", f"tetris-{kind}-latest"):
+    for out, name in ((runs_dir, f"tetris-{kind}-{stamp}"), (latest_dir, f"tetris-{kind}-latest")):
         (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
         (out / f"{name}.md").write_text(render_markdown(result))
     print(render_markdown(result))

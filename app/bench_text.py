@@ -373,18 +373,18 @@ def summarise(items: list[dict], variants: list[Variant], stats: dict[str, SpecS
 
 def _mark_faster_peer_settings(methods: dict[str, dict]) -> None:
     for peer in PEERS:
-        settings = [m for m in methods.values() if m["method"] == peer and m["variant"] is not None]
-        if len(settings) < 2:
+        runs = [m for m in methods.values() if m["method"] == peer and m["variant"] is not None]
+        if len(runs) < 2:
             continue
-        best = max(settings, key=lambda m: m["speedup_vs_ar"] if m["speedup_vs_ar"] is not None else -1)
-        for m in settings:
+        best = max(runs, key=lambda m: m["speedup_vs_ar"] if m["speedup_vs_ar"] is not None else -1)
+        for m in runs:
             m["faster"] = m is best
 
 
 def faster_setting(methods: dict[str, dict], peer: str) -> str | None:
-    settings = [m for m in methods.values() if m["method"] == peer]
-    for m in settings:
-        if m.get("faster", len(settings) == 1):
+    runs = [m for m in methods.values() if m["method"] == peer]
+    for m in runs:
+        if m.get("faster", len(runs) == 1):
             return m["name"]
     return None
 
@@ -632,6 +632,18 @@ def plot_png(path: Path, methods: dict[str, dict]) -> None:
 
 # ---- the command -------------------------------------------------------------------------------------------------
 
+def record_dirs(out_dir: Path | str | None) -> tuple[Path, Path]:
+    """(folder for the timestamped run, folder for the `*-latest` copies). With `--out-dir` both are that folder; by
+    default a run goes to the user cache (SPECGEN_HOME/runs) and its latest copies to benchmarks/, where the docs
+    cite them. Both are checked before any work."""
+    if out_dir:
+        folder = checked_out_dir(Path(out_dir))
+        return folder, folder
+    from specgen.modalities.assets import cache_dir
+
+    return checked_out_dir(cache_dir() / "runs"), checked_out_dir(benchmarks_dir())
+
+
 def checked_out_dir(path: Path) -> Path:
     """`--out-dir`, created if needed; a clear error before any work where it cannot be written."""
     if path.exists() and not path.is_dir():
@@ -659,7 +671,7 @@ def run_bench(*, prompts_path: Path | None, methods: list[str] | None, max_new_t
 
     prompts_path = Path(prompts_path) if prompts_path else benchmarks_dir() / "prompts" / "text.jsonl"
     prompts = load_prompts(prompts_path)  # fails before any model loads
-    out_dir = checked_out_dir(Path(out_dir) if out_dir else benchmarks_dir())
+    runs_dir, latest_dir = record_dirs(out_dir)
     max_new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS
     generator = TextGenerator(model=model, draft=draft, threads=threads)
     resolve = lambda spec: generator.resolve_knobs(spec, {})  # noqa: E731 - the served model's defaults apply
@@ -711,7 +723,7 @@ def run_bench(*, prompts_path: Path | None, methods: list[str] | None, max_new_t
     from specgen.modalities.text import gemma
 
     label = "text-gemma" if gemma.is_served(generator.model_path) else "text"
-    return result, write_outputs(result, out_dir, timestamp, label)
+    return result, write_outputs(result, runs_dir, timestamp, label, latest_dir)
 
 
 def _round_items(generator, variants: list[Variant], prompt: Prompt, ids: torch.Tensor, repeat: int,
@@ -774,16 +786,18 @@ def save_record(out: Path, result: dict, markdown) -> None:
     print(markdown(result))
 
 
-def write_outputs(result: dict, out_dir: Path, timestamp: str, label: str = "text") -> dict[str, Path]:
-    """bench-<label>-<timestamp>.{json,md,png} and copies as <label>-latest.*; the label is `text-gemma` for
-    Gemma 3 270M so its figures sit beside the code model's instead of replacing them."""
+def write_outputs(result: dict, out_dir: Path, timestamp: str, label: str = "text",
+                  latest_dir: Path | None = None) -> dict[str, Path]:
+    """bench-<label>-<timestamp>.{json,md,png} in `out_dir` and copies as <label>-latest.* in `latest_dir` (default:
+    the same folder); the label is `text-gemma` for Gemma 3 270M so its figures sit beside the code model's."""
+    latest_dir = latest_dir or out_dir
     stem = out_dir / f"bench-{label}-{timestamp}"
     files = {"json": stem.with_suffix(".json"), "md": stem.with_suffix(".md"), "png": stem.with_suffix(".png")}
     files["json"].write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     plot_png(files["png"], result["methods"])
     files["md"].write_text(render_markdown(result, files["png"].name), encoding="utf-8")
     for kind in ("json", "md", "png"):
-        latest = out_dir / f"{label}-latest.{kind}"
+        latest = latest_dir / f"{label}-latest.{kind}"
         if kind == "md":  # the latest copy points at the latest plot
             latest.write_text(render_markdown(result, f"{label}-latest.png"), encoding="utf-8")
         else:

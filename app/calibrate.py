@@ -4,7 +4,7 @@ or sweep the tree methods over node budgets.
     python -m specgen.app.calibrate [--model M] [--draft D] [--width 8] [--temperature 0] [--prompts 8]
         [--max-new-tokens 64] [--threads 1] [--json]        (default pair: the shipped code pair)
     python -m specgen.app.calibrate --sweep [--budgets 4,8,16,32] [--methods sequoia,dyspec,eagle2]
-        [--max-new-tokens 128] [--threads 1] [--out-dir benchmarks]
+        [--max-new-tokens 128] [--threads 1] [--out-dir DIR]
 
 Calibration prompts are the openings (first 400 characters) of held-out corpus files (the code model's validation
 split), so the benchmark prompts stay unseen. It prints the vector as the knob value and the Sequoia trees it
@@ -131,12 +131,13 @@ def sweep(args) -> int:
                       "greedy": True, "prompts": len(prompts), "cpu": _cpu_model(), "load_before": load_before,
                       "load_after": _load(), "torch": torch.__version__, **source,
                       "model": generator.model_path, "draft": generator.draft_path}}
-    out = args.out_dir or benchmarks_dir()
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"trees-sweep-{stamp}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    stem.with_suffix(".md").write_text(sweep_markdown(result, stem.with_suffix(".png").name), encoding="utf-8")
-    sweep_png(stem.with_suffix(".png"), summary, budgets)
+    from specgen.app.bench_text import record_dirs
+
+    runs_dir, latest_dir = record_dirs(args.out_dir)
+    for stem in (runs_dir / f"trees-sweep-{stamp}", latest_dir / "trees-sweep-latest"):
+        stem.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        stem.with_suffix(".md").write_text(sweep_markdown(result, stem.with_suffix(".png").name), encoding="utf-8")
+        sweep_png(stem.with_suffix(".png"), summary, budgets)
     print(json.dumps({"files": [str(stem.with_suffix(s)) for s in (".json", ".md", ".png")], "summary": summary}))
     return 0
 

@@ -378,7 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--swap-rate", type=_float_list(0.0, 1.0, single=True), metavar="R",
                            help="share of tokens the swap test replaces (default: 1)")
         p.add_argument("--out-dir", type=Path, metavar="DIR",
-                           help="where results are written (default: benchmarks/)")
+                           help="one folder for the timestamped run and its *-latest copies (default: the run under "
+                                "$SPECGEN_HOME/runs, the *-latest copies in benchmarks/)")
 
     batch = command(commands, "batch", "run a JSON Lines file of requests", "batch", handler=_batch)
     batch.add_argument("--input", required=True, type=_existing_file, metavar="IN.jsonl",

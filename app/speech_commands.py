@@ -423,8 +423,9 @@ def render_markdown(result: dict, plot_name: str | None = None) -> str:
 
 
 def bench_speech(args) -> int:
-    from specgen.app.bench_text import benchmarks_dir
+    from specgen.app.bench_text import record_dirs
 
+    runs_dir, latest_dir = record_dirs(getattr(args, "out_dir", None))  # checked before any work
     started = time.perf_counter()
     result = run_bench_speech(prompts_path=args.prompts, methods=args.methods, repeats=args.repeats,
                               max_new_tokens=args.max_new_tokens, thetas=getattr(args, "thetas", None),
@@ -434,7 +435,7 @@ def bench_speech(args) -> int:
                               swap_rate=1.0 if getattr(args, "swap_rate", None) is None else args.swap_rate)
     result["env"]["command"] = "specgen " + " ".join(getattr(args, "argv", []))
     result["env"]["wall_s"] = time.perf_counter() - started
-    paths = write_bench_speech(result, Path(getattr(args, "out_dir", None) or benchmarks_dir()))
+    paths = write_bench_speech(result, runs_dir, latest_dir)
     if args.json:
         print(json.dumps(result))
     else:
@@ -443,9 +444,9 @@ def bench_speech(args) -> int:
     return 0
 
 
-def write_bench_speech(result: dict, out_dir: Path) -> dict[str, Path]:
-    """bench-speech-<time>.{json,md} (and .png with a quality frontier); a run with a quality frontier also
-    becomes speech-frontier-latest.{json,md,png}."""
+def write_bench_speech(result: dict, out_dir: Path, latest_dir: Path | None = None) -> dict[str, Path]:
+    """bench-speech-<time>.{json,md} (and .png with a quality frontier) in `out_dir`; a run with a quality frontier
+    also becomes speech-frontier-latest.{json,md,png} in `latest_dir` (default: the same folder)."""
     import shutil
 
     from specgen.app.speech_frontier import plot_frontier_png
@@ -460,10 +461,11 @@ def write_bench_speech(result: dict, out_dir: Path) -> dict[str, Path]:
     paths["json"].write_text(json.dumps(result, indent=1) + "\n")
     paths["md"].write_text(render_markdown(result, paths["png"].name if "png" in paths else None))
     if "png" in paths:
-        latest = {kind: out_dir / f"speech-frontier-latest.{kind}" for kind in ("json", "png")}
+        latest_dir = latest_dir or out_dir
+        latest = {kind: latest_dir / f"speech-frontier-latest.{kind}" for kind in ("json", "png")}
         for kind, path in latest.items():
             shutil.copyfile(paths[kind], path)
-        (out_dir / "speech-frontier-latest.md").write_text(render_markdown(result, latest["png"].name))
+        (latest_dir / "speech-frontier-latest.md").write_text(render_markdown(result, latest["png"].name))
     return paths
 
 

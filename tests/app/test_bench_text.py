@@ -252,3 +252,20 @@ def test_hugging_face_assists_with_a_reduced_vocabulary_draft_through_its_full_v
     plain = target.generate(prompt, max_new_tokens=16, do_sample=False)
     assisted = target.generate(prompt, max_new_tokens=16, do_sample=False, assistant_model=view)
     assert torch.equal(plain, assisted)
+
+
+def test_by_default_a_run_goes_to_the_user_cache_and_its_latest_copy_to_benchmarks(pair, prompts_file, tmp_path,
+                                                                                  monkeypatch, capsys):
+    monkeypatch.setenv("SPECGEN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SPECGEN_BENCHMARKS", str(tmp_path / "benchmarks"))
+    threads = torch.get_num_threads()
+    try:
+        code = main(["bench", "text", "--prompts", str(prompts_file), "--model", pair[0], "--methods", "ngram",
+                     "--max-new-tokens", "6", "--repeats", "1", "--json"])
+    finally:
+        torch.set_num_threads(threads)
+    capsys.readouterr()
+    assert code == 0
+    runs, latest = tmp_path / "home" / "runs", tmp_path / "benchmarks"
+    assert {p.suffix for p in runs.glob("bench-text-*")} == {".json", ".md", ".png"}
+    assert sorted(p.name for p in latest.iterdir()) == ["text-latest.json", "text-latest.md", "text-latest.png"]
