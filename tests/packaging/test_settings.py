@@ -45,7 +45,9 @@ def test_a_setting_is_read_when_used(monkeypatch, tmp_path):
     assert settings.snapshot()["SPECGEN_HOME"] == str(tmp_path)
     monkeypatch.setenv("SPECGEN_KERNELS", "torch")
     from specgen import kernels
+    from specgen.kernels import dispatch
 
+    monkeypatch.setattr(dispatch, "_backend", None)  # no set_backend call in force (other tests make some)
     assert kernels.backend() == "torch"  # read when an op dispatches, not when the module was imported
 
 
