@@ -179,6 +179,13 @@ class TextModels(LazyGenerator):
         loaded = getattr(self._generator, "default_method", None)
         return loaded or default_method(self._model, self._draft)
 
+    def example_prompt(self) -> str:
+        """The Text tab's first prompt, suited to the text model (prose for Gemma, Python for the code pair)."""
+        from specgen.modalities.text.generator import example_prompt
+
+        loaded = getattr(self._generator, "example_prompt", None)
+        return loaded if isinstance(loaded, str) else example_prompt(self._model)
+
     def knob_value(self, knob, method: str):
         """What the Text tab shows for `knob` under `method`: the text model's own preference (Gemma's measured
         draft lengths), else the registry's default; known without loading anything."""
@@ -468,7 +475,7 @@ def build_demo(text_generator=None, *, model: str | None = None, draft: str | No
                 with gr.Row():
                     with gr.Column(scale=1):
                         prompt = gr.Textbox(label="Prompt", lines=4, elem_id="text-prompt",
-                                            value="def fibonacci(n):\n")
+                                            value=text_models.example_prompt())
                         method = gr.Dropdown(text_methods, value=default_method, label="Method",
                                              elem_id="text-method", info=_method_info(default_method))
                         compare = gr.Checkbox(value=True, label="compare with plain decoding",

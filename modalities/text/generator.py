@@ -68,6 +68,16 @@ def default_method(model: str | None, draft: str | None) -> str:
 CODE_DRAFT_LENGTHS = {"ngram": 12, "draft": 8, "draft-lookup": 8}
 
 
+EXAMPLE_PROMPTS = {"gemma": "The old bridge over the river was", "code": "def fibonacci(n):\n"}
+
+
+def example_prompt(model: str | None) -> str:
+    """A prompt to try the text model at `model` with (None: the default one), known without loading it: prose for
+    Gemma 3 270M, Python for the code models and any other model."""
+    model = model or default_models()[0]
+    return EXAMPLE_PROMPTS["gemma" if model == gemma.ALIAS or gemma.is_served(model) else "code"]
+
+
 def knob_defaults(model: str | None, spec) -> dict:
     """Defaults the text model at `model` (None: the default one; the `gemma` alias or a served folder) prefers
     over the registry's for method `spec`, known without loading it: the measured draft lengths of Gemma and
@@ -120,7 +130,6 @@ def load_tokenizer(path: str):
 
 
 MAX_NEW_TOKENS = 128  # a request's default
-EXAMPLE_PROMPTS = {"gemma": "The old bridge over the river was", "code": "def fibonacci(n):\n"}
 _fallback_said = False
 
 
@@ -290,8 +299,8 @@ class TextGenerator:
 
     @property
     def example_prompt(self) -> str:
-        """A prompt to try this model with (the CLI's default): prose for Gemma, Python for the code models."""
-        return EXAMPLE_PROMPTS["gemma" if gemma.is_served(self.model_path) else "code"]
+        """A prompt to try this model with (the CLI's and the demo's default)."""
+        return example_prompt(self.model_path)
 
     @property
     def default_method(self) -> str:

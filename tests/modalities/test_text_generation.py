@@ -281,3 +281,11 @@ def test_a_knob_the_method_lacks_or_a_bad_value_is_one_error_line(pair, argv, me
                  *argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith(message)
+
+
+def test_the_example_prompt_suits_the_model(pair, tmp_path):
+    from tiny_models import save_tiny_gemma_served
+    from specgen.modalities.text.generator import EXAMPLE_PROMPTS, example_prompt
+
+    assert example_prompt(save_tiny_gemma_served(tmp_path / "gemma")) == EXAMPLE_PROMPTS["gemma"]  # prose
+    assert example_prompt(pair[0]) == TextGenerator(pair[0]).example_prompt == EXAMPLE_PROMPTS["code"]
