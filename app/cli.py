@@ -122,19 +122,14 @@ def _knob_flags(parser: argparse.ArgumentParser, modality: str, exclude: set[str
     """A flag for every knob of the modality's methods that the parser does not declare by hand (`--tree-budget N`
     sets `tree_budget`), generated from the registry: no default (the method's own applies), the value checked by
     the knob when the method is known (`method_knobs`), so a knob the chosen method lacks is one error line."""
-    owners: dict[str, list[str]] = {}
-    knobs = {}
-    for name in registry.method_names(modality):
-        for knob in registry.get_method(modality, name).knobs:
-            owners.setdefault(knob.name, []).append(name)
-            knobs.setdefault(knob.name, knob)
-    for name, knob in knobs.items():
+    for name, owners in registry.knob_owners(modality).items():
+        knob = next(k for k in registry.get_method(modality, owners[0]).knobs if k.name == name)
         flag = "--" + name.replace("_", "-")
         if name in exclude or flag in parser._option_string_actions:
             continue
         metavar = {int: "N", float: "X"}.get(knob.type, "VALUE")
         parser.add_argument(flag, dest=KNOB_PREFIX + name, metavar=metavar,
-                            help=f"{knob.help} (methods {', '.join(owners[name])}; default: the method's, "
+                            help=f"{knob.help} (methods {', '.join(owners)}; default: the method's, "
                                  f"{knob.default!r} in the registry)")
 
 
@@ -149,8 +144,7 @@ def method_knobs(args: argparse.Namespace, modality: str, method: str) -> dict:
     own = {knob.name for knob in spec.knobs}
     for name in given:
         if name not in own:
-            takers = [m for m in registry.method_names(modality)
-                      if any(k.name == name for k in registry.get_method(modality, m).knobs)]
+            takers = registry.knob_owners(modality)[name]
             raise InvalidRequest(f"--{name.replace('_', '-')} applies to {', '.join(takers)}, not {method!r}")
     spec.resolve_knobs(given)  # a bad value is one error line before any model loads
     return given

@@ -22,20 +22,16 @@ KNOB_FLAGS = {"num_draft_tokens": "--num-draft-tokens", "theta": "--theta", "bet
 def _method_knobs(spec, args) -> dict:
     """The method knobs given as flags, checked against the method (a flag it does not take is an error)."""
     from specgen.errors import InvalidRequest
+    from specgen.samplers.registry import knob_owners
 
     knobs = {name: getattr(args, name) for name in KNOB_FLAGS if getattr(args, name, None) is not None}
     own = {knob.name for knob in spec.knobs}
     for name in knobs:
         if name not in own:
-            raise InvalidRequest(f"{KNOB_FLAGS[name]} applies to {', '.join(_methods_with(name))}, not {spec.name!r}")
+            takers = knob_owners("speech")[name]
+            raise InvalidRequest(f"{KNOB_FLAGS[name]} applies to {', '.join(takers)}, not {spec.name!r}")
     spec.resolve_knobs(knobs)
     return knobs
-
-
-def _methods_with(knob: str) -> list[str]:
-    from specgen.samplers.registry import get_method, method_names
-
-    return [m for m in method_names("speech") if any(k.name == knob for k in get_method("speech", m).knobs)]
 
 
 def generate_speech(args) -> int:

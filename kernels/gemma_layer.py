@@ -13,7 +13,8 @@ q/k/v split, the q and k norms, rotary, the residual adds and the gating, some 4
 
 The arithmetic is the torch path's, bit for bit (`GemmaRunner`'s loop without this kernel is its twin in the
 tests): the norms are the compiled row norm (csrc/row_norm.h), the products `int8_rows`' kernel
-(csrc/int8_rows.cpp and csrc/gemma_glue.cpp compile into one extension), rotary is x * cos + x.roll(half) * sin with the sign folded into sin and no fused multiply-add
+(csrc/int8_rows.cpp and csrc/gemma_glue.cpp compile into one extension), rotary is x * cos + x.roll(half) * sin
+with the sign folded into sin and no fused multiply-add
 (contraction is switched off for it), and the residual adds are plain float adds. Every step works token by token,
 so a token's result never depends on the other tokens in the call: the served model stays row-invariant, which is
 what keeps speculative verification exact. Builds on first use like the other CPU kernels

@@ -110,6 +110,15 @@ def default_method(modality: str, *, draft_model: bool = False, lookup_first: bo
     return DEFAULT_METHODS[modality]
 
 
+def knob_owners(modality: str) -> dict[str, list[str]]:
+    """Each knob name of the modality's methods -> the methods that take it, in registration order."""
+    owners: dict[str, list[str]] = {}
+    for name in method_names(modality):
+        for knob in _METHODS[(modality, name)].knobs:
+            owners.setdefault(knob.name, []).append(name)
+    return owners
+
+
 def all_methods() -> list[MethodSpec]:
     return list(_METHODS.values())
 

@@ -1,7 +1,7 @@
 """Every `SPECGEN_*` environment setting, read here and nowhere else, and the process's torch thread count.
 
 A setting is read when it is used (not at import), so a test or a long-lived process that changes the environment
-is heard. `snapshot()` is what bench records and `specgen --version --verbose` show. Nothing heavy is imported.
+is heard. `snapshot()` is what bench records store and `specgen info` shows. Nothing heavy is imported.
 """
 
 from __future__ import annotations
@@ -34,15 +34,18 @@ SETTINGS = {s.name: s for s in (
 )}
 
 
+def _environment(name: str) -> str:
+    """The variable as the environment has it, stripped ("" when unset); only declared settings are read."""
+    return os.environ.get(SETTINGS[name].name, "").strip()  # a KeyError names a setting not declared above
+
+
 def get(name: str) -> str:
-    """The setting's value: the environment's, stripped, or its default when unset or blank."""
-    setting = SETTINGS[name]  # a KeyError names a setting that is not declared above
-    value = os.environ.get(name, "").strip()
-    return value or setting.default
+    """The setting's value: the environment's, or its default when unset or blank."""
+    return _environment(name) or SETTINGS[name].default
 
 
 def is_set(name: str) -> bool:
-    return bool(os.environ.get(SETTINGS[name].name, "").strip())
+    return bool(_environment(name))
 
 
 def path(name: str, default: Path) -> Path:

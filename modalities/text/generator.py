@@ -57,7 +57,7 @@ def default_method(model: str | None, draft: str | None) -> str:
     if model is None:
         model, draft = default_models()[0], draft or default_models()[1]
     return registry.default_method("text", draft_model=draft is not None,
-                                   lookup_first=model == gemma.ALIAS or gemma.is_served(model))
+                                   lookup_first=_is_gemma(model))
 
 
 # The shipped code pair's draft lengths: the cost model's choices from its measured T_verify(n) and T_draft when
@@ -75,7 +75,7 @@ def example_prompt(model: str | None) -> str:
     """A prompt to try the text model at `model` with (None: the default one), known without loading it: prose for
     Gemma 3 270M, Python for the code models and any other model."""
     model = model or default_models()[0]
-    return EXAMPLE_PROMPTS["gemma" if model == gemma.ALIAS or gemma.is_served(model) else "code"]
+    return EXAMPLE_PROMPTS["gemma" if _is_gemma(model) else "code"]
 
 
 def knob_defaults(model: str | None, spec) -> dict:
@@ -83,11 +83,16 @@ def knob_defaults(model: str | None, spec) -> dict:
     over the registry's for method `spec`, known without loading it: the measured draft lengths of Gemma and
     of the shipped code target."""
     model = model or default_models()[0]
-    if model == gemma.ALIAS or gemma.is_served(model):
+    if _is_gemma(model):
         return {"num_draft_tokens": gemma.MODEL_DRAFT_LENGTHS.get(spec.name, gemma.DRAFT_LENGTH)}
     if spec.name in CODE_DRAFT_LENGTHS and _is_shipped_code_target(model):
         return {"num_draft_tokens": CODE_DRAFT_LENGTHS[spec.name]}
     return {}
+
+
+def _is_gemma(model: str) -> bool:
+    """Gemma 3 270M: its alias, or a folder of the served (converted) format."""
+    return model == gemma.ALIAS or gemma.is_served(model)
 
 
 def _is_shipped_code_target(model: str) -> bool:
