@@ -280,14 +280,14 @@ def run_item(generators, request: Request, media_stem: Path | str = "batch") -> 
         log.exception("item %s failed", request.id)
         return {"id": request.id, "status": "error", "error": f"{type(exc).__name__}: {exc}", "stats": None}
     if request.modality == "image":
-        from specgen.app.image_commands import grid_image
+        from specgen.app.cli.image import grid_image
 
         path = media_path(Path(f"{media_stem}-images"), request, ".png")
         path.parent.mkdir(parents=True, exist_ok=True)
         grid_image(result.images).save(path)
         output = {"image": str(path), "tokens": result.tokens[0] if len(result.tokens) == 1 else result.tokens}
     elif request.modality == "video":
-        from specgen.app.image_commands import save_video_grid
+        from specgen.app.cli.image import save_video_grid
 
         path = media_path(Path(f"{media_stem}-videos"), request, ".gif")
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -33,9 +33,9 @@ def main() -> None:
 
     import torch
 
-    from specgen.app.bench_text import save_record, script_record
+    from specgen.app.bench.text import save_record, script_record
     from specgen.modalities.text.generator import load_causal_lm
-    from specgen.modalities.transformers_adapter import TransformersTarget
+    from specgen.modalities.runtime.transformers_adapter import TransformersTarget
 
     from specgen.settings import use_threads
 

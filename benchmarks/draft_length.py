@@ -39,7 +39,7 @@ def main() -> None:
 
     from tqdm import tqdm
 
-    from specgen.app.bench_text import _pool, load_prompts, rotated
+    from specgen.app.bench.text import _pool, load_prompts, rotated
     from specgen.modalities.text.generator import TextGenerator
     from specgen.samplers.stats import SpecStats, expected_tokens_per_step
 

@@ -30,10 +30,10 @@ def main() -> None:
 
     import torch
 
-    from specgen.app.bench_text import save_record, script_record
+    from specgen.app.bench.text import save_record, script_record
     from specgen.kernels import int8_rows
     from specgen.modalities.text import gemma
-    from specgen.modalities.transformers_adapter import TransformersTarget
+    from specgen.modalities.runtime.transformers_adapter import TransformersTarget
 
     from specgen.settings import use_threads
 

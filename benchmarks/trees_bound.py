@@ -2,7 +2,7 @@
 
     python benchmarks/trees_bound.py [benchmarks/trees-sweep-<stamp>.json ...] [--target 1.15]
 
-For every tree of a sweep (`python -m specgen.app.calibrate --sweep`), its cost per committed token is its
+For every tree of a sweep (`python -m specgen.app.bench.calibrate --sweep`), its cost per committed token is its
 drafting plus verification time per step over τ. Two lower bounds keep the tree's measured τ and verification
 time and replace only its drafting: (a) drafting costs what the chain's did (a tree whose spine is as deep as the
 chain needs at least the chain's sequential draft forwards), (b) drafting is free. Each is compared with the

@@ -179,7 +179,7 @@ register(MethodSpec("sequoia", "text", True,
                                 "'medusa' (the mc_sim_7b_63 trees), 'chain-N' or 'k-ary-WxD'"),
                            Knob("accept_probs", str, "0.953,0.0268,0.0112,0.0045,0.0045",
                                 "P(the r-th drawn child is the accepted one), r = 1, 2, ... (comma-separated; the default "
-                                "was measured on the shipped code pair, its distilled draft, by `python -m specgen.app.calibrate`)"))))
+                                "was measured on the shipped code pair, its distilled draft, by `python -m specgen.app.bench.calibrate`)"))))
 register(MethodSpec("dyspec", "text", True,
                     "a dynamic draft tree grown best-first by draft path probability under a node budget; children "
                     "drawn without replacement, verified by the without-replacement tree rule (deterministic at "

@@ -62,7 +62,7 @@ def score_tree(model, prompt):
     """Score a 7-node draft tree after `prompt` (node 0 is the pending last prompt token; node 4 is not adjacent
     to its parent 1). Returns (target, tree, logits [1, 7, vocab], contexts), contexts[node] being the prompt
     followed by the drafted tokens on the node's path: what plain decoding would have seen."""
-    from specgen.modalities.transformers_adapter import TransformersTarget
+    from specgen.modalities.runtime.transformers_adapter import TransformersTarget
     from specgen.samplers.types import DraftTree
 
     #        0  1  2  3  4  5  6

@@ -25,8 +25,8 @@ from specgen.settings import use_threads
 from specgen.errors import InvalidRequest
 from specgen.modalities.image import vq as vq_codec
 from specgen.modalities.image.models import default_paths, load_image_lm, load_image_vocab
-from specgen.modalities.llama_runner import fast_matmul_dtype
-from specgen.modalities.transformers_adapter import TransformersTarget, measure_window_s
+from specgen.modalities.runtime.llama_runner import fast_matmul_dtype
+from specgen.modalities.runtime.transformers_adapter import TransformersTarget, measure_window_s
 from specgen.modalities.image.eagle_head.drafter import EagleTreeDrafter
 from specgen.samplers import trees
 from specgen.samplers.acceptance import make_rule

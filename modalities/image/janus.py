@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import torch
 
 from specgen.errors import InvalidRequest, ModelNotFound
-from specgen.modalities.transformers_adapter import TransformersTarget
+from specgen.modalities.runtime.transformers_adapter import TransformersTarget
 from specgen.samplers.acceptance import make_rule
 from specgen.samplers.guided import GuidedTarget
 from specgen.samplers.jacobi import JacobiDrafter

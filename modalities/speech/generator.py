@@ -24,12 +24,12 @@ import torch
 
 from specgen.settings import use_threads
 from specgen.errors import InvalidRequest, VocabularyMismatch
-from specgen.modalities.model_drafter import ModelDrafter
+from specgen.modalities.drafters.model import ModelDrafter
 from specgen.modalities.speech.codec import AcousticCodec
 from specgen.modalities.speech.groups import check_theta, load_or_build_groups
 from specgen.modalities.speech.models import (DEFAULT_VOICE, SpeechVocab, default_paths, load_speech_lm,
                                               load_speech_vocab)
-from specgen.modalities.transformers_adapter import TransformersTarget, measure_window_s
+from specgen.modalities.runtime.transformers_adapter import TransformersTarget, measure_window_s
 from specgen.samplers.acceptance import make_rule
 from specgen.samplers.loop import speculative_generate
 from specgen.samplers.policies import make_policy

@@ -131,7 +131,7 @@ def save_served(model, tokenizer, folder: Path, source: dict | None = None) -> P
     """Pack `model` (a float Gemma 3 causal LM) into the served format in `folder`."""
     from safetensors.torch import save_file
 
-    from specgen.modalities.int8_linear import Int8Linear, quantize_model
+    from specgen.modalities.runtime.int8_linear import Int8Linear, quantize_model
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -159,7 +159,7 @@ def load_served(folder: str | Path):
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from specgen.modalities.int8_linear import Int8Linear, replace_linears, tie_input_embedding
+    from specgen.modalities.runtime.int8_linear import Int8Linear, replace_linears, tie_input_embedding
 
     folder = Path(folder)
     if _format(folder) != SERVED_FORMAT:

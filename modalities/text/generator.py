@@ -22,10 +22,10 @@ import torch
 from specgen.settings import use_threads
 from specgen.errors import InvalidRequest, ModelNotFound, VocabularyMismatch
 from specgen.modalities.assets import assets_dir
-from specgen.modalities.model_drafter import ModelDrafter
+from specgen.modalities.drafters.model import ModelDrafter
 from specgen.modalities.text import gemma
 from specgen.modalities.text.ngram import LookupSlots, PromptLookupDrafter
-from specgen.modalities.transformers_adapter import TransformersTarget, measure_window_s
+from specgen.modalities.runtime.transformers_adapter import TransformersTarget, measure_window_s
 from specgen.samplers.acceptance import make_rule
 from specgen.samplers.loop import speculative_generate
 from specgen.samplers.policies import make_policy
@@ -365,7 +365,7 @@ class TextGenerator:
             raise InvalidRequest(f"this method needs a draft over the target's full vocabulary; "
                                  f"{self.draft_path} has a reduced one (use method 'draft')")
         if kind == "model" and hasattr(policy, "stop"):  # SVIP / Kangaroo stop token by token
-            from specgen.modalities.tree_drafter import StoppingModelDrafter
+            from specgen.modalities.drafters.tree import StoppingModelDrafter
 
             return StoppingModelDrafter(self.draft_model, processing, policy,
                                         target_vocab_size=self.model.config.vocab_size)
@@ -381,7 +381,7 @@ class TextGenerator:
         if kind == "ngram":
             return PromptLookupDrafter(knobs["max_matching_ngram_size"], knobs["min_matching_ngram_size"])
         if kind is not None and kind.startswith("tree-"):
-            from specgen.modalities.tree_drafter import tree_drafter
+            from specgen.modalities.drafters.tree import tree_drafter
 
             return tree_drafter(kind, self.draft_model, processing, knobs, target_vocab_size=self.model.config.vocab_size)
         raise InvalidRequest(f"unknown drafter {kind!r}")

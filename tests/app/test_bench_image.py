@@ -7,8 +7,8 @@ import pytest
 from PIL import Image
 from tiny_models import save_tiny_image_model
 
-from specgen.app.bench_image import run_bench_image, write_outputs
-from specgen.app.bench_text import load_prompts
+from specgen.app.bench.image import run_bench_image, write_outputs
+from specgen.app.bench.text import load_prompts
 from specgen.errors import InvalidRequest
 from specgen.modalities.image.generator import ImageGenerator
 
@@ -62,7 +62,7 @@ def test_bench_lantern_reports_speed_quality_and_a_frontier(tmp_path, monkeypatc
     set."""
     import argparse
 
-    from specgen.app.bench_lantern import bench_lantern
+    from specgen.app.bench.lantern import bench_lantern
 
     monkeypatch.setenv("SPECGEN_HOME", str(tmp_path / "home"))
     prompts = tmp_path / "p.jsonl"

@@ -4,7 +4,7 @@ decoding row for row, and the report is written."""
 import pytest
 from tiny_models import save_tiny
 
-from specgen.app.bench_tetris import render_markdown, run_bench_tetris
+from specgen.app.bench.tetris import render_markdown, run_bench_tetris
 from specgen.errors import InvalidRequest
 from specgen.modalities.text.generator import TextGenerator
 

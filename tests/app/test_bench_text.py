@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tiny_models import save_tiny
-from specgen.app import bench_text
-from specgen.app.bench_text import (Outcome, Prompt, Variant, bootstrap_median_ci, first_divergence, plan_variants,
+from specgen.app.bench import text as bench_text
+from specgen.app.bench.text import (Outcome, Prompt, Variant, bootstrap_median_ci, first_divergence, plan_variants,
                                     rotated)
 from specgen.app.cli import main
 from specgen.modalities.text.generator import TextGenerator

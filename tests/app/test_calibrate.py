@@ -1,10 +1,10 @@
-"""`python -m specgen.app.calibrate` measures the pair it is given, and by default the shipped code pair: tree
+"""`python -m specgen.app.bench.calibrate` measures the pair it is given, and by default the shipped code pair: tree
 drafts need a draft over the target's full vocabulary, so the default text model (Gemma with its reduced-vocabulary
 draft, when the gemma extra is installed) cannot be calibrated or swept."""
 
 import argparse
 
-from specgen.app.calibrate import _pair
+from specgen.app.bench.calibrate import _pair
 from specgen.modalities.text.generator import shipped_code_pair
 
 

@@ -288,7 +288,8 @@ def test_every_request_hands_freed_memory_back(monkeypatch):
     the run finished or failed (benchmarks/memory-app.md measures the whole app)."""
     import gradio as gr
 
-    from specgen.app import ui, ui_models
+    from specgen.app import ui
+    from specgen.app.ui import models as ui_models
 
     calls = []
     monkeypatch.setattr(ui, "release_freed_memory", lambda: calls.append(1))
@@ -307,7 +308,7 @@ def test_every_request_hands_freed_memory_back(monkeypatch):
 
 
 def _rss_mb() -> float:
-    from specgen.app.ui_models import resident_mb
+    from specgen.app.ui.models import resident_mb
 
     return resident_mb()
 
@@ -360,7 +361,7 @@ def test_the_image_tab_starts_each_method_from_its_own_window_and_initial_drafts
     methods copy the previous code, SJD draws at random); other methods leave them alone. Nothing loads."""
     import gradio as gr
 
-    from specgen.app.ui_image import jacobi_knob_defaults
+    from specgen.app.ui.image import jacobi_knob_defaults
     from specgen.samplers import registry
 
     for method in ("sjd", "mc-sjd", "gumbel-sjd"):

@@ -8,7 +8,7 @@ from tiny_models import save_tiny_speech_models
 
 gr = pytest.importorskip("gradio")
 
-from specgen.app.ui_speech import SpeechModels, _knob_widgets, make_speech_runner  # noqa: E402
+from specgen.app.ui.speech import SpeechModels, _knob_widgets, make_speech_runner  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specgen.kernels import decode_step
-from specgen.modalities.transformers_adapter import TransformersTarget
+from specgen.modalities.runtime.transformers_adapter import TransformersTarget
 
 pytestmark = pytest.mark.skipif(not decode_step.available(), reason="the CPU kernel does not build here")
 

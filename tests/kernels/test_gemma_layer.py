@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from specgen.kernels import ancestor_mask, gemma_layer
-from specgen.modalities.int8_linear import quantize_model
-from specgen.modalities.transformers_adapter import TransformersTarget
+from specgen.modalities.runtime.int8_linear import quantize_model
+from specgen.modalities.runtime.transformers_adapter import TransformersTarget
 from specgen.samplers import trees
 from tiny_models import tiny_gemma3
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from specgen.kernels import cpu_build, int8_rows
-from specgen.modalities import int8_linear
-from specgen.modalities.int8_linear import Int8Linear, quantize_rows
+from specgen.modalities.runtime import int8_linear as int8_linear
+from specgen.modalities.runtime.int8_linear import Int8Linear, quantize_rows
 
 needs_kernel = pytest.mark.skipif(not cpu_build.buildable(), reason="no C++ compiler/ninja or no AVX2/FMA here")
 

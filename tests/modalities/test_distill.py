@@ -397,9 +397,9 @@ def test_reduced_vocabulary_draft_samples_the_target_and_a_misreported_law_is_ca
     drafters reporting a wrong law must fail the test."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from specgen.modalities.model_drafter import ModelDrafter
+    from specgen.modalities.drafters.model import ModelDrafter
     from specgen.modalities.text.ngram import LookupSlots
-    from specgen.modalities.transformers_adapter import TransformersTarget
+    from specgen.modalities.runtime.transformers_adapter import TransformersTarget
     from specgen.samplers.acceptance import ChainRejection
     from specgen.samplers.chisquare import goodness_of_fit
     from specgen.samplers.loop import generate
@@ -460,10 +460,10 @@ def test_draft_lookup_defers_the_forwards_of_looked_up_slots(tmp_path):
     """draft-lookup feeds looked-up tokens to the draft only when a later slot needs the draft's law: on a
     repetitive prompt it runs fewer draft forwards than drafted slots, ragged rows included, and greedy output
     still equals plain decoding (the sampled law is checked by the chi-square test above)."""
-    from specgen.modalities.model_drafter import ModelDrafter
+    from specgen.modalities.drafters.model import ModelDrafter
     from specgen.modalities.text.generator import TextGenerator
     from specgen.modalities.text.ngram import LookupSlots
-    from specgen.modalities.transformers_adapter import TransformersTarget
+    from specgen.modalities.runtime.transformers_adapter import TransformersTarget
     from specgen.samplers.acceptance import ChainRejection
     from specgen.samplers.loop import generate
     from specgen.samplers.policies import FixedLength
@@ -488,10 +488,10 @@ def test_draft_lookup_runs_no_draft_forward_when_lookup_fills_every_slot(tmp_pat
     """A proposal that lookup fills throughout leaves the committed tokens the draft has not seen to the next
     proposal that needs the draft: on a repeating prompt some proposals run no draft forward at all, others feed
     that backlog, and greedy output still equals plain decoding (the sampled law: the chi-square test above)."""
-    from specgen.modalities.model_drafter import ModelDrafter
+    from specgen.modalities.drafters.model import ModelDrafter
     from specgen.modalities.text.generator import TextGenerator
     from specgen.modalities.text.ngram import LookupSlots
-    from specgen.modalities.transformers_adapter import TransformersTarget
+    from specgen.modalities.runtime.transformers_adapter import TransformersTarget
     from specgen.samplers.acceptance import ChainRejection
     from specgen.samplers.loop import generate
     from specgen.samplers.policies import FixedLength

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from specgen.errors import MissingExtra
-from specgen.modalities.gemma_runner import GemmaRunner
-from specgen.modalities.int8_linear import Int8Linear, quantize_model
+from specgen.modalities.runtime.gemma_runner import GemmaRunner
+from specgen.modalities.runtime.int8_linear import Int8Linear, quantize_model
 from specgen.modalities.text import gemma
 from specgen.modalities.text.ngram import PromptLookupDrafter
-from specgen.modalities.transformers_adapter import TransformersTarget
+from specgen.modalities.runtime.transformers_adapter import TransformersTarget
 from specgen.samplers.acceptance import GreedyMatch
 from specgen.samplers.loop import generate
 from specgen.samplers.policies import FixedLength
@@ -73,8 +73,8 @@ def window_mismatches(model, windows=(2, 3, 4, 5, 8)) -> int:
 def test_rolled_rotary_equals_rotate_half_bit_for_bit():
     """The runner rotates with x.roll(half) and a sine whose first half is negated: the same bits as
     transformers' x * cos + rotate_half(x) * sin."""
-    from specgen.modalities.gemma_runner import _rolled_sin
-    from specgen.modalities.llama_runner import rotate_half
+    from specgen.modalities.runtime.gemma_runner import _rolled_sin
+    from specgen.modalities.runtime.llama_runner import rotate_half
 
     generator = torch.Generator().manual_seed(4)
     q, cos, sin = (torch.randn(*shape, generator=generator) for shape in ((2, 4, 5, 64), (2, 1, 5, 64), (2, 1, 5, 64)))
@@ -224,7 +224,7 @@ def test_real_gemma_with_its_shipped_draft_decodes_exactly():
     """The shipped reduced-vocabulary draft on the real served Gemma: greedy speculative output equals plain
     decoding, drafts are accepted, and Hugging Face's assisted generation through its full-vocabulary view
     gives the same tokens."""
-    from specgen.app.bench_text import Prompt, Runner, Variant
+    from specgen.app.bench.text import Prompt, Runner, Variant
     from specgen.modalities.text.generator import TextGenerator
 
     generator = TextGenerator()

@@ -77,7 +77,7 @@ def test_missing_model_is_one_error_line(tmp_path, capsys):
 
 
 def test_bench_speech_compares_ar_and_sd(models, tmp_path, capsys, monkeypatch):
-    from specgen.app import speech_commands
+    from specgen.app.cli import speech as speech_commands
     from specgen.modalities.speech.generator import SpeechGenerator
 
     prompts = tmp_path / "p.jsonl"

@@ -11,7 +11,7 @@ from PIL import Image
 from tiny_models import save_tiny_speech_corpus, save_tiny_speech_models
 
 from specgen.app.cli import main
-from specgen.app.speech_frontier import QualityBound, choose_theta
+from specgen.app.bench.speech_frontier import QualityBound, choose_theta
 from specgen.modalities.speech.quality import bootstrap_mean_ci
 from specgen.modalities.speech.codec import AcousticCodec
 from specgen.modalities.speech.quality import VoiceProfiles, load_corpus, separation, swap_test
@@ -26,7 +26,7 @@ def tiny(tmp_path_factory):
 
 
 def test_theta_sweep_runs_end_to_end_and_writes_report_and_plot(tiny, tmp_path):
-    from specgen.app import speech_commands
+    from specgen.app.cli import speech as speech_commands
     from specgen.modalities.speech.generator import SpeechGenerator
 
     target, draft, codec, corpus = tiny

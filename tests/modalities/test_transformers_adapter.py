@@ -8,8 +8,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import tiny_models
 
-from specgen.modalities.model_drafter import ModelDrafter
-from specgen.modalities.transformers_adapter import TransformersTarget
+from specgen.modalities.drafters.model import ModelDrafter
+from specgen.modalities.runtime.transformers_adapter import TransformersTarget
 from specgen.samplers.acceptance import ChainRejection, GreedyMatch
 from specgen.samplers.chisquare import goodness_of_fit
 from specgen.samplers.loop import generate
@@ -154,7 +154,7 @@ def test_bfloat16_linears_score_a_window_as_single_steps_do(monkeypatch):
     the same tokens scored one per forward bit for bit, so verification stays exact; they stay close to
     float32's. SPECGEN_MATMUL=float32 turns the choice off; a model our Llama runner does not serve is refused."""
     from specgen.errors import InvalidRequest
-    from specgen.modalities import llama_runner
+    from specgen.modalities.runtime import llama_runner as llama_runner
 
     model = tiny_llama(seed=3, hidden=64).float()
     shapes = {tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)}

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from tiny_models import save_tiny_pair
-from specgen.modalities.model_drafter import ModelDrafter
+from specgen.modalities.drafters.model import ModelDrafter
 from specgen.modalities.text.generator import TextGenerator, load_causal_lm
-from specgen.modalities.tree_drafter import TreeDrafter, parse_accept_probs, tree_drafter
+from specgen.modalities.drafters.tree import TreeDrafter, parse_accept_probs, tree_drafter
 from specgen.errors import InvalidRequest
 from specgen.samplers import trees
 from specgen.samplers.chisquare import goodness_of_fit
@@ -173,7 +173,7 @@ def test_greedy_output_is_the_same_with_every_length_schedule(generator, schedul
 
 
 def test_stopping_drafter_is_ragged_and_respects_the_policy(pair):
-    from specgen.modalities.tree_drafter import StoppingModelDrafter
+    from specgen.modalities.drafters.tree import StoppingModelDrafter
 
     class StopRowOneAfterTwo:
         def stop(self, law, previous_law, index):

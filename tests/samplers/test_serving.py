@@ -96,7 +96,7 @@ def _greedy_requests(generator):
 
 
 def _drafter(generator, kind: str, processing: Processing):
-    from specgen.modalities.model_drafter import ModelDrafter
+    from specgen.modalities.drafters.model import ModelDrafter
     from specgen.modalities.text.ngram import PromptLookupDrafter
     from specgen.samplers.length_policies import TetrisDrafter
 
@@ -123,7 +123,7 @@ def test_served_queue_equals_plain_greedy_decoding_on_a_tiny_hf_pair(pair, kind)
 def test_a_target_that_keeps_a_rows_old_cache_fails_the_comparison(pair):
     """Negative control: prefill_rows that only moves the row's length (its cache still holds the previous
     request's keys) gives requests served after the first ones other tokens than plain decoding."""
-    from specgen.modalities.transformers_adapter import TransformersTarget
+    from specgen.modalities.runtime.transformers_adapter import TransformersTarget
 
     class StaleRows(TransformersTarget):
         def prefill_rows(self, prompts, rows):
@@ -172,7 +172,7 @@ def test_a_long_new_prompt_beside_a_long_running_row_fits_the_draft(pair):
     """A row that takes a long new prompt while another row is far along: the draft caches the prompt in a forward
     of its own (a shared padded forward would need the long row's length plus the prompt's width, past the
     model's 96 positions), and its law equals a fresh drafter's on that prompt."""
-    from specgen.modalities.model_drafter import ModelDrafter
+    from specgen.modalities.drafters.model import ModelDrafter
     from specgen.samplers.types import DecodeContext
 
     processing = Processing(temperature=0.0)

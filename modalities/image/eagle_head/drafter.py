@@ -25,9 +25,9 @@ import torch
 
 from specgen.kernels import sample_categorical
 from specgen.modalities.image.eagle_head.head import EagleHead
-from specgen.modalities.llama_runner import fast_matmul_dtype
-from specgen.modalities.transformers_adapter import TransformersTarget
-from specgen.modalities.tree_drafter import tree_from_builders, trees_ancestor_mask
+from specgen.modalities.runtime.llama_runner import fast_matmul_dtype
+from specgen.modalities.runtime.transformers_adapter import TransformersTarget
+from specgen.modalities.drafters.tree import tree_from_builders, trees_ancestor_mask
 from specgen.samplers import trees
 from specgen.samplers.noise import Purpose, counter_uniform
 from specgen.samplers.processing import Processing

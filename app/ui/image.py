@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from specgen.app.ui_models import LazyGenerator
+from specgen.app.ui.models import LazyGenerator
 from specgen.samplers import registry
 
 UPDATE_S = 0.25  # at most this often a live update of image and statistics

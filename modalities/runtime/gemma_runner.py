@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen.kernels import decode_step, gemma_layer, query_attention
-from specgen.modalities.int8_linear import Int8Linear
+from specgen.modalities.runtime.int8_linear import Int8Linear
 
 SUPPORTED = ("gemma3_text",)
 

@@ -4,7 +4,7 @@ the residual; ssd: beta) and, next to their acceptance, what exact token-level s
 
 from __future__ import annotations
 
-from specgen.app.ui_models import LazyGenerator
+from specgen.app.ui.models import LazyGenerator
 from specgen.errors import SpecgenError
 from specgen.samplers import registry
 

@@ -20,7 +20,7 @@ from transformers.cache_utils import Cache
 
 from specgen.errors import InvalidRequest
 from specgen.kernels import decode_step
-from specgen.modalities import gemma_runner, llama_runner
+from specgen.modalities.runtime import gemma_runner as gemma_runner, llama_runner
 
 
 class PositionCache(Cache):

@@ -1,6 +1,6 @@
 """TETRIS against fixed-length drafting for a batch of different requests, under the same verification budget.
 
-    python -m specgen.app.bench_tetris [--batch-size 8] [--capacity 16] [--max-draft 6] [--max-new-tokens 96]
+    python -m specgen.app.bench.tetris [--batch-size 8] [--capacity 16] [--max-draft 6] [--max-new-tokens 96]
                                        [--steps N | --requests N]
 
 One batch of `--batch-size` text prompts (from benchmarks/prompts/text.jsonl, cycled) is decoded to the same
@@ -84,8 +84,8 @@ def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_
     import torch
     from tqdm import tqdm
 
-    from specgen.app.bench_text import _cpu_model, _load, benchmarks_dir, load_prompts, source_state
-    from specgen.modalities.model_drafter import ModelDrafter
+    from specgen.app.bench.text import _cpu_model, _load, benchmarks_dir, load_prompts, source_state
+    from specgen.modalities.drafters.model import ModelDrafter
     from specgen.modalities.text.generator import TextGenerator, shipped_code_pair
     from specgen.modalities.text.ngram import PromptLookupDrafter
     from specgen.samplers.length_policies import TetrisDrafter
@@ -169,7 +169,7 @@ def measure_slot_cost(generator, prompts: list[str], window: int = 5, repeats: i
 
     import torch
 
-    from specgen.modalities.transformers_adapter import measure_batch_window_s
+    from specgen.modalities.runtime.transformers_adapter import measure_batch_window_s
     from specgen.samplers.acceptance import make_rule
     from specgen.samplers.loop import speculative_generate
     from specgen.samplers.processing import Processing
@@ -237,14 +237,14 @@ def render_markdown(result: dict) -> str:
         lines.append(f"| {name} | {row['tokens_per_s']:.1f} | {row['throughput_vs_ar']:.2f}× | {row['steps']:.0f} | "
                      f"{row['drafted']:.0f} | {row['accepted']:.0f} | {'—' if same is None else same} |")
     lines += ["", f"TETRIS / fixed throughput: **{result['tetris_over_fixed']:.2f}×**", "",
-              f"Command: `{env.get('command', 'python -m specgen.app.bench_tetris')}`", ""]
+              f"Command: `{env.get('command', 'python -m specgen.app.bench.tetris')}`", ""]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    p = argparse.ArgumentParser(prog="python -m specgen.app.bench_tetris", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m specgen.app.bench.tetris", description=__doc__.splitlines()[0])
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--capacity", type=int, default=16, help="drafted tokens verified per step for the whole batch")
     p.add_argument("--max-draft", type=int, default=6, help="TETRIS: most tokens drafted per row")
@@ -272,9 +272,9 @@ def main(argv: list[str] | None = None) -> int:
                               max_new_tokens=a.max_new_tokens, temperature=a.temperature, repeats=a.repeats,
                               steps=a.steps, drafter=a.drafter, estimate=a.estimate, slot_cost=a.slot_cost,
                               requests=a.requests)
-    result["env"]["command"] = "python -m specgen.app.bench_tetris " + " ".join(argv if argv is not None
+    result["env"]["command"] = "python -m specgen.app.bench.tetris " + " ".join(argv if argv is not None
                                                                                 else sys.argv[1:])
-    from specgen.app.bench_text import record_dirs
+    from specgen.app.bench.text import record_dirs
 
     runs_dir, latest_dir = record_dirs(a.out_dir)
     stamp = result["env"]["timestamp_utc"]

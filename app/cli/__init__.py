@@ -540,25 +540,25 @@ def _train_text(args: argparse.Namespace) -> int:
 
 
 def _generate_image(args: argparse.Namespace) -> int:
-    from specgen.app.image_commands import generate_image
+    from specgen.app.cli.image import generate_image
 
     return generate_image(args)
 
 
 def _train_image(args: argparse.Namespace) -> int:
-    from specgen.app.image_commands import train_image
+    from specgen.app.cli.image import train_image
 
     return train_image(args)
 
 
 def _generate_speech(args: argparse.Namespace) -> int:
-    from specgen.app.speech_commands import generate_speech
+    from specgen.app.cli.speech import generate_speech
 
     return generate_speech(args)
 
 
 def _bench_speech(args: argparse.Namespace) -> int:
-    from specgen.app.speech_commands import bench_speech
+    from specgen.app.cli.speech import bench_speech
 
     use_threads(args.threads)  # only commands that run torch work get here
     return bench_speech(args)
@@ -580,13 +580,13 @@ def _train_image_extra(args: argparse.Namespace) -> int:
 
 
 def _train_speech(args: argparse.Namespace) -> int:
-    from specgen.app.speech_commands import train_speech
+    from specgen.app.cli.speech import train_speech
 
     return train_speech(args)
 
 
 def _generate_text(args: argparse.Namespace) -> int:
-    from specgen.app.text_commands import generate_text
+    from specgen.app.cli.text import generate_text
 
     return generate_text(args)
 
@@ -604,14 +604,14 @@ def _batch(args: argparse.Namespace) -> int:
 
 
 def _bench_image(args: argparse.Namespace) -> int:
-    from specgen.app.bench_image import bench_image
+    from specgen.app.bench.image import bench_image
 
     use_threads(args.threads)  # only commands that run torch work get here
     return bench_image(args)
 
 
 def _bench_text(args: argparse.Namespace) -> int:
-    from specgen.app.bench_text import bench_text
+    from specgen.app.bench.text import bench_text
 
     return bench_text(args)
 

@@ -1,9 +1,9 @@
 """Measure Sequoia's acceptance-by-rank vector for a target/draft pair (the `accept_probs` knob of `sequoia`),
 or sweep the tree methods over node budgets.
 
-    python -m specgen.app.calibrate [--model M] [--draft D] [--width 8] [--temperature 0] [--prompts 8]
+    python -m specgen.app.bench.calibrate [--model M] [--draft D] [--width 8] [--temperature 0] [--prompts 8]
         [--max-new-tokens 64] [--threads 1] [--json]        (default pair: the shipped code pair)
-    python -m specgen.app.calibrate --sweep [--budgets 4,8,16,32] [--methods sequoia,dyspec,eagle2]
+    python -m specgen.app.bench.calibrate --sweep [--budgets 4,8,16,32] [--methods sequoia,dyspec,eagle2]
         [--max-new-tokens 128] [--threads 1] [--out-dir DIR]
 
 Calibration prompts are the openings (first 400 characters) of held-out corpus files (the code model's validation
@@ -25,7 +25,7 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specgen.app.calibrate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m specgen.app.bench.calibrate", description=__doc__.splitlines()[0])
     parser.add_argument("--model")
     parser.add_argument("--draft")
     parser.add_argument("--width", type=int, default=8)
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from specgen.modalities.text.corpus import load_corpus
     from specgen.modalities.text.generator import TextGenerator
-    from specgen.modalities.tree_drafter import acceptance_by_rank
+    from specgen.modalities.drafters.tree import acceptance_by_rank
     from specgen.samplers import trees
 
     generator = TextGenerator(*_pair(args), threads=args.threads)
@@ -77,7 +77,7 @@ def _pair(args) -> tuple[str | None, str | None]:
 def sweep(args) -> int:
     import torch
 
-    from specgen.app.bench_text import (_cpu_model, _load, benchmarks_dir, bootstrap_median_ci, load_prompts,
+    from specgen.app.bench.text import (_cpu_model, _load, benchmarks_dir, bootstrap_median_ci, load_prompts,
                                         source_state)
     from specgen.modalities.text.generator import TextGenerator
     from specgen.samplers.stats import SpecStats
@@ -125,13 +125,13 @@ def sweep(args) -> int:
                          "speedup_vs_ar": median, "speedup_vs_ar_ci95": [low, high],
                          "identical_to_ar": all(r["identical_to_ar"] for r in mine)}
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    command = "python -m specgen.app.calibrate " + " ".join(sys.argv[1:])
+    command = "python -m specgen.app.bench.calibrate " + " ".join(sys.argv[1:])
     result = {"summary": summary, "items": rows,
               "env": {"command": command, "threads": args.threads, "max_new_tokens": args.max_new_tokens,
                       "greedy": True, "prompts": len(prompts), "cpu": _cpu_model(), "load_before": load_before,
                       "load_after": _load(), "torch": torch.__version__, **source,
                       "model": generator.model_path, "draft": generator.draft_path}}
-    from specgen.app.bench_text import record_dirs
+    from specgen.app.bench.text import record_dirs
 
     runs_dir, latest_dir = record_dirs(args.out_dir)
     for stem in (runs_dir / f"trees-sweep-{stamp}", latest_dir / "trees-sweep-latest"):

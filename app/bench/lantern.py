@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from specgen import settings
-from specgen.app.bench_text import _cpu_model, _load, benchmarks_dir, bootstrap_median_ci, load_prompts, source_state
+from specgen.app.bench.text import _cpu_model, _load, benchmarks_dir, bootstrap_median_ci, load_prompts, source_state
 
 HEAD_METHODS = ("eagle", "lantern", "lantern++")
 LAMBDAS = (1.5, 2.0, 3.0, 5.0, 10.0)
@@ -311,7 +311,7 @@ def bench_lantern(args, methods) -> dict:
                       "command": "specgen " + " ".join(getattr(args, "argv", []))}}
     import shutil
 
-    from specgen.app.bench_text import record_dirs
+    from specgen.app.bench.text import record_dirs
 
     out_dir, latest_dir = record_dirs(getattr(args, "out_dir", None))
     base = out_dir / f"bench-image-lantern-{stamp}"

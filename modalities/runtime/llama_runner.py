@@ -43,7 +43,7 @@ class LlamaRunner:
         self.lm_head, weights = _prepared_weights(model, matmul_dtype)
         self.head = None
         if int8_head:
-            from specgen.modalities.int8_linear import Int8Linear
+            from specgen.modalities.runtime.int8_linear import Int8Linear
 
             self.head = Int8Linear.from_linear(model.lm_head)
         self.keep_hidden, self.last_hidden = False, None

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from specgen import __version__
-from specgen.app.ui_models import LazyGenerator, limit_malloc_arenas, release_freed_memory
+from specgen.app.ui.models import LazyGenerator, limit_malloc_arenas, release_freed_memory
 from specgen.errors import SpecgenError
 from specgen.samplers import registry
 
@@ -455,8 +455,8 @@ def build_demo(text_generator=None, *, model: str | None = None, draft: str | No
     """The Blocks app. Nothing heavy happens here: models load on the first request."""
     import gradio as gr
 
-    from specgen.app.ui_image import ImageModels, build_image_tab
-    from specgen.app.ui_speech import SpeechModels, build_speech_tab
+    from specgen.app.ui.image import ImageModels, build_image_tab
+    from specgen.app.ui.speech import SpeechModels, build_speech_tab
 
     text_models = text_models or TextModels(text_generator, model=model, draft=draft, threads=threads)
     image_models = image_models or ImageModels(image_generator, threads=threads)
@@ -555,11 +555,11 @@ def launch_demo(args) -> int:
     limit_malloc_arenas()  # before any worker thread allocates: keeps resident memory flat over many requests
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("specgen").setLevel(logging.INFO)  # our own progress (model loading), not every request
-    from specgen.app.ui_image import ImageModels
+    from specgen.app.ui.image import ImageModels
 
     text_models = TextModels(model=getattr(args, "model", None), draft=getattr(args, "draft", None),
                              threads=args.threads, online_draft=getattr(args, "online_draft", None))
-    from specgen.app.ui_speech import SpeechModels
+    from specgen.app.ui.speech import SpeechModels
 
     image_models = ImageModels(threads=args.threads)
     video_models = ImageModels(threads=args.threads, video=True)

@@ -119,7 +119,7 @@ def quality_deltas(items: list[dict], variant: str, reference: str = "ar") -> di
 def speedup(items: list[dict], variant: str, key: str) -> dict:
     """Median over prompts of the per-prompt median ratio `key` (speedup_vs_ar or speedup_vs_sd), with a bootstrap
     interval of that median."""
-    from specgen.app.bench_text import bootstrap_median_ci
+    from specgen.app.bench.text import bootstrap_median_ci
 
     per_prompt: dict[str, list[float]] = {}
     for i in items:

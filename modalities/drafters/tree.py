@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 
 from specgen.errors import InvalidRequest
-from specgen.modalities.model_drafter import ModelDrafter
+from specgen.modalities.drafters.model import ModelDrafter
 from specgen.samplers import trees
 from specgen.samplers.processing import Processing
 from specgen.samplers.types import DecodeContext, DraftTree
@@ -212,7 +212,7 @@ def acceptance_by_rank(target_model, draft_model, prompts: Sequence[torch.Tensor
     """Sequoia's calibration: decode with a one-level tree of `width` children (drawn without replacement, or the
     draft's top candidates at temperature 0) and count at which sibling rank the accepted child sits.
     Returns {"accept_probs": P(rank r accepted) for r = 1..width, "steps", "accepted_by_rank"}."""
-    from specgen.modalities.transformers_adapter import TransformersTarget
+    from specgen.modalities.runtime.transformers_adapter import TransformersTarget
     from specgen.samplers.acceptance import TreeRejection
     from specgen.samplers.loop import speculative_generate
     from specgen.samplers.policies import FixedLength

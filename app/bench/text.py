@@ -61,7 +61,7 @@ PEER_OF = {"draft": "hf-assisted", "ngram": "hf-prompt-lookup"}
 
 def benchmarks_dir() -> Path:
     """Where prompts and results live: `SPECGEN_BENCHMARKS`, else the source checkout's `benchmarks/`."""
-    return settings.path("SPECGEN_BENCHMARKS", Path(__file__).resolve().parents[1] / "benchmarks")
+    return settings.path("SPECGEN_BENCHMARKS", Path(__file__).resolve().parents[2] / "benchmarks")
 
 
 # ---- prompts -----------------------------------------------------------------------------------------------------
@@ -291,7 +291,7 @@ def top2_margin(model, prompt_ids: torch.Tensor, prefix: list[int]) -> tuple[flo
 def logit_resolution(model, logit: float) -> float:
     """The spacing of the served model's logits near `logit`: bf16's for int8 layers on the bf16 fallback
     kernel, 0 for float32 and wider outputs (TIE_MARGIN covers their rounding)."""
-    from specgen.modalities.int8_linear import FALLBACK_DTYPE, Int8Linear, backend
+    from specgen.modalities.runtime.int8_linear import FALLBACK_DTYPE, Int8Linear, backend
 
     if not isinstance(model.get_output_embeddings(), Int8Linear) or logit == 0 or "bf16" not in backend():
         return 0.0
@@ -419,7 +419,7 @@ def _sha256(path: Path) -> str | None:
 
 def _git(*args: str) -> str | None:
     try:
-        done = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+        done = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parents[2], capture_output=True,
                               text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -484,7 +484,7 @@ def environment(runner: Runner, *, source: dict, command: str, prompts_path: Pat
         "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED, "unit": "prompt"},
         "tie_margin": TIE_MARGIN, "variants": [v.name for v in variants],
     }
-    from specgen.modalities.int8_linear import Int8Linear, backend
+    from specgen.modalities.runtime.int8_linear import Int8Linear, backend
 
     if isinstance(generator.model.get_output_embeddings(), Int8Linear):
         env["int8_kernel"] = backend()

@@ -14,7 +14,7 @@ import torch
 
 from specgen.errors import InvalidRequest, VocabularyMismatch
 from specgen.kernels import sample_categorical
-from specgen.modalities.transformers_adapter import TransformersTarget
+from specgen.modalities.runtime.transformers_adapter import TransformersTarget
 from specgen.samplers.noise import Purpose, counter_uniform
 from specgen.samplers.processing import Processing, prefix_routes
 from specgen.samplers.types import DecodeContext, Draft, Verdict

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from specgen import settings
-from specgen.app.bench_text import (Prompt, _cpu_model, _load, benchmarks_dir, bootstrap_median_ci, load_prompts,
+from specgen.app.bench.text import (Prompt, _cpu_model, _load, benchmarks_dir, bootstrap_median_ci, load_prompts,
                                     source_state)
 from specgen.errors import InvalidRequest
 from specgen.samplers.registry import get_method, method_names
@@ -336,11 +336,11 @@ def bench_image(args) -> int:
     modality = getattr(args, "modality", "image")
     if getattr(args, "max_new_tokens", None) is not None:
         raise InvalidRequest(f"--max-new-tokens does not apply to {modality}: every run generates one whole {modality}")
-    from specgen.app.bench_text import record_dirs
+    from specgen.app.bench.text import record_dirs
 
     out_dir, latest_dir = record_dirs(getattr(args, "out_dir", None))
     if modality == "image":
-        from specgen.app.bench_lantern import HEAD_METHODS, bench_lantern
+        from specgen.app.bench.lantern import HEAD_METHODS, bench_lantern
 
         head_methods = [m for m in (args.methods or HEAD_METHODS) if m in HEAD_METHODS]
         if head_methods:

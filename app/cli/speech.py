@@ -132,8 +132,8 @@ def run_bench_speech(*, prompts_path: Path | None = None, methods: list[str] | N
     from tqdm import tqdm
 
     from specgen import settings
-    from specgen.app.bench_text import _cpu_model, _load, benchmarks_dir, source_state
-    from specgen.app.speech_frontier import DEFAULT_THETAS, sweep_variants
+    from specgen.app.bench.text import _cpu_model, _load, benchmarks_dir, source_state
+    from specgen.app.bench.speech_frontier import DEFAULT_THETAS, sweep_variants
     from specgen.modalities.speech.generator import SpeechGenerator
     from specgen.modalities.speech.models import DEFAULT_VOICE
     from specgen.samplers.registry import method_names
@@ -224,7 +224,7 @@ def run_bench_speech(*, prompts_path: Path | None = None, methods: list[str] | N
 
 def _knob_defaults() -> dict[str, float]:
     """The registry's default theta of pcg and beta of ssd."""
-    from specgen.app.speech_frontier import SWEPT_KNOBS
+    from specgen.app.bench.speech_frontier import SWEPT_KNOBS
     from specgen.samplers.registry import get_method
 
     return {m: next(k.default for k in get_method("speech", m).knobs if k.name == knob)
@@ -233,7 +233,7 @@ def _knob_defaults() -> dict[str, float]:
 
 def _checked_sweeps(methods: list[str], thetas, betas) -> dict[str, list[float]]:
     """method -> knob values to sweep, each checked against the registry's bounds before any model loads."""
-    from specgen.app.speech_frontier import SWEPT_KNOBS
+    from specgen.app.bench.speech_frontier import SWEPT_KNOBS
     from specgen.errors import InvalidRequest
     from specgen.samplers.registry import get_method
 
@@ -250,7 +250,7 @@ def _checked_sweeps(methods: list[str], thetas, betas) -> dict[str, list[float]]
 
 def _pooled_summary(method: str, stats: list[dict], runs: list[dict]) -> dict:
     """The bench summary of one method (or one swept variant of it) over its sampled runs."""
-    from specgen.app.bench_text import bootstrap_median_ci
+    from specgen.app.bench.text import bootstrap_median_ci
 
     per_prompt = {}
     for run in runs:
@@ -325,7 +325,7 @@ class _QualityScorer:
 
 
 def _frontier(variants, summaries, items, scorer, generator, thetas, swap_rate: float) -> dict:
-    from specgen.app.speech_frontier import (QualityBound, choose_theta, quality_deltas, speedup,
+    from specgen.app.bench.speech_frontier import (QualityBound, choose_theta, quality_deltas, speedup,
                                              summarise_swaps)
     from specgen.modalities.speech.quality import separation, swap_test
 
@@ -412,14 +412,14 @@ def render_markdown(result: dict, plot_name: str | None = None) -> str:
                   "rotated order. Predicted (measured costs) = E(α̂, γ) · T_ar / (γ · T_draft + T_verify), from "
                   "this run's timings; τ and steps do not depend on the machine.", ""]
     if result.get("frontier"):
-        from specgen.app.speech_frontier import render_frontier_markdown
+        from specgen.app.bench.speech_frontier import render_frontier_markdown
 
         lines.append(render_frontier_markdown(result["frontier"], plot_name))
     return "\n".join(lines)
 
 
 def bench_speech(args) -> int:
-    from specgen.app.bench_text import record_dirs
+    from specgen.app.bench.text import record_dirs
 
     runs_dir, latest_dir = record_dirs(getattr(args, "out_dir", None))  # checked before any work
     started = time.perf_counter()
@@ -445,7 +445,7 @@ def write_bench_speech(result: dict, out_dir: Path, latest_dir: Path | None = No
     also becomes speech-frontier-latest.{json,md,png} in `latest_dir` (default: the same folder)."""
     import shutil
 
-    from specgen.app.speech_frontier import plot_frontier_png
+    from specgen.app.bench.speech_frontier import plot_frontier_png
 
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = result["env"]["timestamp_utc"]
