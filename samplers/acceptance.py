@@ -169,6 +169,10 @@ def make_rule(key: str, processing: Processing, **options):
     if key == "chain" or key == "none":  # plain decoding is a chain with nothing drafted
         return GreedyMatch() if processing.greedy else ChainRejection()
     if key == "tree":
+        if processing.greedy:  # the same decisions, without the residual arithmetic over the vocabulary
+            from specgen.samplers.trees import GreedyTreeMatch
+
+            return GreedyTreeMatch()
         return TreeRejection(options.get("siblings", "without_replacement"))
     if key == "lantern":  # relaxed (lossy) tree verification over latent neighbours
         from specgen.samplers.lantern import Relaxation, RelaxedTreeRejection

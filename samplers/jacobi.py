@@ -66,6 +66,10 @@ class JacobiDrafter:
         self.changed: list[int] = []  # per step: kept drafts whose token changed (how unsettled the window is)
         self._last: tuple | None = None
 
+    def run_summary(self) -> dict:
+        """The mean number of kept drafts a step changed (a settled window changes few)."""
+        return {"changed_per_step": sum(self.changed) / len(self.changed) if self.changed else 0.0}
+
     def propose(self, ctx: DecodeContext, budget: int) -> Draft:
         samples, starts = ctx.sample_ids.tolist(), ctx.next_positions
         tokens = torch.zeros(len(samples), budget, dtype=torch.long)

@@ -216,6 +216,9 @@ class RelaxedTreeRejection(TreeRejection):
         """Of the accepted drafted tokens, the share the exact test would have rejected (same uniforms)."""
         return self.relaxed_accepts / self.accepts if self.accepts else 0.0
 
+    def run_summary(self) -> dict:
+        return {"relaxed_share": self.relaxed_share}  # accepted codes the exact test would reject
+
 
 def _packed(paths: list[list[int]], outputs: list[list[int]], rejected: list[bool]):
     """Per-row walk results as the rule returns them: (path, tokens, num_accepted, rejected), -1 / PLACEHOLDER

@@ -13,7 +13,7 @@ import gc
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -136,18 +136,24 @@ class GenerationResult:
 
 
 def generate(target: TargetModel, drafter: Drafter | None, rule: AcceptanceRule, prompts: Sequence[torch.Tensor], *,
-             method: str = "speculative", ar_step_s: float | None = None, **options) -> GenerationResult:
-    """Run `speculative_generate` to the end and collect tokens, events and the stats summary."""
+             method: str = "speculative", lossless: bool | None = None, stats: SpecStats | None = None,
+             ar_step_s: float | Callable[[], float] | None = None, **options) -> GenerationResult:
+    """Run `speculative_generate` to the end and collect tokens, events and the stats summary. `lossless` defaults
+    to the rule's; `ar_step_s` may be a function, called after the run (a plain step timed before it would warm
+    the run's caches)."""
     if options.get("queue") is not None:
         raise InvalidRequest("generate() collects tokens per row; iterate speculative_generate to serve a queue")
-    stats = SpecStats()
+    stats = stats if stats is not None else SpecStats()
     started = time.perf_counter()
     events = list(speculative_generate(target, drafter, rule, prompts, stats=stats, **options))
     wall_s = time.perf_counter() - started
     tokens: list[list[int]] = [[] for _ in prompts]
     for event in events:
         tokens[event.row].extend(event.tokens)
-    summary = stats.summary(method=method, lossless=bool(rule.lossless), wall_s=wall_s, ar_step_s=ar_step_s)
+    if callable(ar_step_s):
+        ar_step_s = ar_step_s()
+    summary = stats.summary(method=method, lossless=bool(rule.lossless if lossless is None else lossless),
+                            wall_s=wall_s, ar_step_s=ar_step_s)
     return GenerationResult(tokens, summary, events)
 
 

@@ -36,6 +36,19 @@ class Knob:
 
 
 @dataclass(frozen=True)
+class ChoiceKnob(Knob):
+    """A string knob that takes one of a few names."""
+
+    choices: tuple[str, ...] = ()
+
+    def validate(self, value: object) -> object:
+        value = super().validate(value)
+        if value not in self.choices:
+            raise InvalidRequest(f"{self.name} must be one of {', '.join(self.choices)}, got {value!r}")
+        return value
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     """What a method name means. `drafter`, `rule` and `policy` are keys that the modality and
     `specgen.samplers` resolve to objects, so this table stays importable without torch."""
@@ -69,6 +82,14 @@ LENGTH_SCHEDULE = Knob("length_schedule", str, "fixed",
                        "cost model predicts fastest)")
 # 5 as vLLM's prompt_lookup_max: on the bench prompts longer matches change nothing, shorter ones lose
 NGRAM_SIZE = Knob("max_matching_ngram_size", int, 5, "longest n-gram looked up in the context", 1, 16)
+# TETRIS (Wu et al., arXiv 2502.15197) wraps any chain drafter when several rows decode together (num_samples,
+# batch --rows): samplers/length_policies.py's TetrisDrafter; the pipeline applies it (modalities/pipeline.py)
+VERIFY_CAPACITY = Knob("verify_capacity", int, 0, "TETRIS: verify at most this many drafted tokens per step across "
+                       "the batch's rows, the ones most likely accepted (0 = every drafted token)", 0, 4096)
+CAPACITY_ESTIMATE = ChoiceKnob("capacity_estimate", str, "confidence", "TETRIS: how a drafted token's acceptance is "
+                               "estimated: the draft's 'confidence', or the row's acceptance 'history' (for point-mass "
+                               "drafts such as prompt lookup)", choices=("confidence", "history"))
+TETRIS_KNOBS = (VERIFY_CAPACITY, CAPACITY_ESTIMATE)
 
 _METHODS: dict[tuple[str, str], MethodSpec] = {}
 
@@ -150,7 +171,7 @@ register(MethodSpec("draft", "text", True,
                     "a small draft model proposes a chain; exact rejection sampling (greedy match at temperature 0)",
                     drafter="model", rule="chain", policy="fixed",
                     paper="Leviathan et al. 2023; Chen et al. 2023",
-                    knobs=(NUM_DRAFT_TOKENS, LENGTH_SCHEDULE)))
+                    knobs=(NUM_DRAFT_TOKENS, LENGTH_SCHEDULE, *TETRIS_KNOBS)))
 register(MethodSpec("ngram", "text", True,
                     "prompt lookup: each slot the most frequent follower of the longest suffix n-gram seen before "
                     "(the first slot down to 1-grams, later ones only while min_matching_ngram_size tokens match); "
@@ -158,7 +179,7 @@ register(MethodSpec("ngram", "text", True,
                     paper="Saxena 2023 (prompt lookup decoding)",
                     knobs=(NUM_DRAFT_TOKENS, NGRAM_SIZE,
                            Knob("min_matching_ngram_size", int, 2, "shortest matching n-gram that lets a slot after "
-                                "the first be drafted", 1, 16), LENGTH_SCHEDULE)))
+                                "the first be drafted", 1, 16), LENGTH_SCHEDULE, *TETRIS_KNOBS)))
 MIN_NGRAM_SIZE = Knob("min_matching_ngram_size", int, 2, "shortest repeated n-gram that lets lookup fill a slot",
                       1, 16)
 register(MethodSpec("draft-lookup", "text", True,
@@ -265,19 +286,6 @@ register(MethodSpec("lantern++", "image", False,
 
 
 # ---- speech -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ChoiceKnob(Knob):
-    """A string knob that takes one of a few names."""
-
-    choices: tuple[str, ...] = ()
-
-    def validate(self, value: object) -> object:
-        value = super().validate(value)
-        if value not in self.choices:
-            raise InvalidRequest(f"{self.name} must be one of {', '.join(self.choices)}, got {value!r}")
-        return value
-
-
 SPEECH_DRAFT_TOKENS = Knob("num_draft_tokens", int, 4, NUM_DRAFT_TOKENS.help, 1, 64)
 # Defaults for the shipped phoneme target and its 1024-token codebook (docs/speech.md, "PCG and SSD" and the
 # frontier under Results): theta 0.5 gives groups of 1.4 tokens on average (74 % singletons), the only theta of the

@@ -49,6 +49,9 @@ class SpecStats:
     acceptance_level: str = "token"  # "token" (exact), "group" (PCG) or "tolerance" (SSD)
     exact_accepted: int = 0
     exact_rejections: int = 0
+    # what a run's drafter or rule measured besides (`run_summary() -> dict`: a Jacobi window's changed drafts, a
+    # relaxed rule's share of accepts the exact test would reject), added to the summary
+    reports: list = field(default_factory=list)
 
     def update(self, verdict: Verdict, committed: int, draft_s: float, verify_s: float, window: int,
                tree: DraftTree | None = None) -> None:
@@ -175,4 +178,5 @@ class SpecStats:
             "verify_s_by_window": {n: s / c for n, (s, c) in sorted(self.verify_by_window.items()) if c},
             "predicted_speedup_ideal": ideal,
             "predicted_speedup_measured": measured,
+            **{key: value for report in self.reports for key, value in report().items()},
         }

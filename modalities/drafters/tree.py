@@ -108,9 +108,7 @@ class TreeDrafter(ModelDrafter):
     @property
     def max_nodes(self) -> int:
         """The most nodes a proposed tree can have (the target needs that many free cache slots)."""
-        if self.construction == "static":
-            return len(self.shape)
-        return self.budget + 1 + (self.depth if self.construction == "eagle2" else 0)
+        return max_nodes(self.construction, self.shape, self.budget, self.depth)
 
     def _score_trees(self, ctx: DecodeContext, builders: list[trees.TreeBuilder], index: list[int],
                      requests: list[list[int]]) -> list[dict]:
@@ -190,6 +188,22 @@ def tree_shape(knobs: dict) -> list[int]:
     if knobs.get("shape", "dp") == "dp":
         return trees.sequoia_tree(parse_accept_probs(knobs["accept_probs"]), knobs["tree_budget"], knobs["max_depth"])
     return trees.named_shape(knobs["shape"])
+
+
+def max_nodes(construction: str, shape: list[int] | None, budget: int, depth: int | None) -> int:
+    """The most nodes a tree of this construction proposes: its static shape, or the budget, the root and, for
+    EAGLE-2, the last level's candidates beyond the budget."""
+    if construction == "static":
+        return len(shape)
+    return budget + 1 + (depth if construction == "eagle2" else 0)
+
+
+def tree_room(kind: str, knobs: dict) -> int:
+    """`max_nodes` of the drafter `tree_drafter(kind, ..., knobs)` builds, known before it is built (the target's
+    cache is sized first)."""
+    construction = kind.removeprefix("tree-")
+    shape = tree_shape(knobs) if construction == "static" else None
+    return max_nodes(construction, shape, knobs.get("tree_budget", 0), knobs.get("depth"))
 
 
 def tree_drafter(kind: str, model, processing: Processing, knobs: dict, **options) -> TreeDrafter:

@@ -28,15 +28,14 @@ from specgen.modalities.image.models import default_paths, load_image_lm, load_i
 from specgen.modalities.runtime.llama_runner import fast_matmul_dtype
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget, measure_window_s
 from specgen.modalities.image.eagle_head.drafter import EagleTreeDrafter
+from specgen.modalities.pipeline import Generator, check_num_samples
 from specgen.samplers import trees
-from specgen.samplers.acceptance import make_rule
 from specgen.samplers.lantern import latent_neighbours
 from specgen.samplers.guided import GuidedTarget
 from specgen.samplers.jacobi import JacobiDrafter
-from specgen.samplers.loop import speculative_generate
 from specgen.samplers.policies import FixedLength
 from specgen.samplers.processing import Processing
-from specgen.samplers.registry import default_method, get_method
+from specgen.samplers.registry import get_method
 from specgen.samplers.stats import SpecStats
 from specgen.samplers.types import StepEvent
 
@@ -70,7 +69,7 @@ class ImageResult:
     stats: dict
 
 
-class ImageGenerator:
+class ImageGenerator(Generator):
     def __init__(self, model: str | Path | None = None, vq: str | Path | None = None, *, head: str | Path | None = None,
                  threads: int | None = 1,
                  dtype: torch.dtype = torch.float32, video: bool = False):
@@ -83,14 +82,12 @@ class ImageGenerator:
         self.vocab = load_image_vocab(self.model_path)
         # images: bfloat16 linears and per-query attention where that is exact and faster. Clips stay float32:
         # over their 1,000-code contexts the per-query attention kernel costs more than SDPA saves, and MC-SJD
-        # ran no faster per clip (benchmarks/bench-video-20261202T023054Z.md, docs/video.md)
+        # ran no faster per clip (docs/video.md)
         self.matmul_dtype = fast_matmul_dtype(self.model) if self.vocab.frames == 1 else None
         self.modality = "video" if self.vocab.frames > 1 else "image"  # the registry's method table to use
         self._vq = None
         self.head_path = Path(head or paths["head"])
         self._head, self._neighbours = None, {}
-        self.last_drafter: JacobiDrafter | EagleTreeDrafter | None = None
-        self.last_rule = None
 
     @property
     def vq(self):
@@ -111,41 +108,58 @@ class ImageGenerator:
     def stream(self, prompt: str, *, method: str | None = None, temperature: float = 1.0, top_k: int | None = None,
                top_p: float = 1.0, guidance_scale: float | None = None, seed: int = 0, num_samples: int = 1,
                stats: SpecStats | None = None, **params) -> Iterator[StepEvent]:
-        method = method or default_method(self.modality)  # the registry's default
-        spec = get_method(self.modality, method)
-        knobs = spec.resolve_knobs(params)
-        if num_samples < 1:
-            raise InvalidRequest(f"num_samples must be >= 1, got {num_samples}")
-        processing = self.processing(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
+        pipeline, prompts = self._request(prompt, method, num_samples, stats, params, temperature=temperature,
+                                          top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
+        yield from pipeline.run(prompts, seed=seed)
+
+    def _request(self, prompt: str, method: str | None, num_samples: int, stats: SpecStats | None, params: dict,
+                 **sampling):
         prompt_ids = self.vocab.prompt_ids(prompt)
-        shape = trees.named_shape(knobs["shape"]) if spec.drafter == "eagle-head" else []
+        pipeline = self.pipeline(method, [prompt_ids], sampling=sampling, params=params, stats=stats)
+        return pipeline, [prompt_ids] * check_num_samples(num_samples)
+
+    # ---- the pipeline's parts (modalities/pipeline.py) -------------------------------------------------------
+
+    def length_cap(self, prompts, max_new_tokens: int | None) -> int:
+        return self.vocab.image_tokens  # a request is always one whole image or clip
+
+    def _shape(self, spec, knobs: dict) -> list[int]:
+        return trees.named_shape(knobs["shape"]) if spec.drafter == "eagle-head" else []
+
+    def capacity(self, spec, knobs: dict, prompts, max_new_tokens: int) -> int:
         # the cache never holds more than the prompt, the codes and one scored window or tree
-        capacity = len(prompt_ids) + self.vocab.image_tokens + knobs.get("window", 1) + len(shape)
-        inner = target = self.engine(capacity)
-        guided = processing.guidance_scale is not None
-        if guided:
-            target = GuidedTarget(target, lambda _: self.vocab.uncond_ids())
-        drafter, policy, rule_options = None, FixedLength(0), {}
+        return len(prompts[0]) + max_new_tokens + knobs.get("window", 1) + len(self._shape(spec, knobs))
+
+    def policy(self, spec, knobs: dict):
+        if spec.drafter == "eagle-head":
+            return FixedLength(max(trees.depths_of(self._shape(spec, knobs))))
+        return FixedLength(knobs["window"] - 1 if spec.drafter is not None else 0)
+
+    def drafter(self, spec, knobs: dict, processing: Processing, policy, engine):
         if spec.drafter == "eagle-head":
             if self.modality != "image":
-                raise InvalidRequest(f"{method} needs the image model and its draft head")
-            drafter = EagleTreeDrafter(self.model, inner, self.head, processing, shape,
-                                       siblings="deterministic" if method == "lantern" else "without_replacement",
-                                       uncond_prompt=self.vocab.uncond_ids() if guided else None, capacity=capacity)
-            policy = FixedLength(max(trees.depths_of(shape)))
-            rule_options["siblings"] = drafter.siblings
-            if spec.rule == "lantern":
-                rule_options.update(neighbours=self.neighbours(knobs["neighbours"]), k=knobs["neighbours"],
-                                    delta=knobs.get("delta"), lam=knobs.get("lam"))
-        elif spec.drafter is not None:
+                raise InvalidRequest(f"{spec.name} needs the image model and its draft head")
+            guided = processing.guidance_scale is not None
+            return EagleTreeDrafter(self.model, engine, self.head, processing, self._shape(spec, knobs),
+                                    siblings="deterministic" if spec.name == "lantern" else "without_replacement",
+                                    uncond_prompt=self.vocab.uncond_ids() if guided else None,
+                                    capacity=engine.capacity)
+        if spec.drafter is not None:
             allowed = torch.arange(self.vocab.vocab_size) < self.vocab.num_codes
-            drafter = JacobiDrafter(self.vocab.vocab_size, spec.drafter.removeprefix("jacobi-"), knobs["init"], allowed)
-            policy = FixedLength(knobs["window"] - 1)
-        self.last_drafter = drafter
-        self.last_rule = make_rule(spec.rule, processing, **rule_options)
-        yield from speculative_generate(target, drafter, self.last_rule, [prompt_ids] * num_samples,
-                                        processing=processing, max_new_tokens=self.vocab.image_tokens, policy=policy,
-                                        seed=seed, stats=stats)
+            return JacobiDrafter(self.vocab.vocab_size, spec.drafter.removeprefix("jacobi-"), knobs["init"], allowed)
+        return None
+
+    def rule_options(self, spec, knobs: dict, drafter) -> dict:
+        options = super().rule_options(spec, knobs, drafter)
+        if spec.rule == "lantern":
+            options.update(neighbours=self.neighbours(knobs["neighbours"]), k=knobs["neighbours"],
+                           delta=knobs.get("delta"), lam=knobs.get("lam"))
+        return options
+
+    def serving_target(self, engine, processing: Processing):
+        if processing.guidance_scale is None:
+            return engine
+        return GuidedTarget(engine, lambda _: self.vocab.uncond_ids())
 
     def engine(self, capacity: int | None = None) -> TransformersTarget:
         """The served target: our runner over the model, in `matmul_dtype` where that is exact."""
@@ -169,29 +183,20 @@ class ImageGenerator:
             self._neighbours[k] = latent_neighbours(codebook, k, self.vocab.vocab_size)
         return self._neighbours[k]
 
-    def generate(self, prompt: str, *, method: str | None = None, ar_step_s: float | None = None,
-                 **options) -> ImageResult:
-        method = method or default_method(self.modality)  # the registry's default
-        stats = SpecStats()
-        num_samples = options.get("num_samples", 1)
-        tokens: list[list[int]] = [[] for _ in range(num_samples)]
-        started = time.perf_counter()
-        for event in self.stream(prompt, method=method, stats=stats, **options):
-            tokens[event.row].extend(event.tokens)
-        summary = self.summary(stats, method, time.perf_counter() - started, ar_step_s)
-        images = self.decode(tokens)
-        return ImageResult(images[0], images, tokens, summary)
+    def generate(self, prompt: str, *, method: str | None = None, ar_step_s: float | None = None, seed: int = 0,
+                 num_samples: int = 1, **options) -> ImageResult:
+        """Codes, pixels and the stats of one request (the Jacobi window's mean changed drafts per step, the relaxed
+        rules' share of accepted codes the exact test would reject)."""
+        sampling = {k: options.pop(k) for k in ("temperature", "top_k", "top_p", "guidance_scale") if k in options}
+        pipeline, prompts = self._request(prompt, method, num_samples, None, options, **sampling)
+        result = pipeline.generate(prompts, seed=seed, ar_step_s=ar_step_s)
+        images = self.decode(result.tokens)
+        return ImageResult(images[0], images, result.tokens, result.stats)
 
     def summary(self, stats: SpecStats, method: str, wall_s: float, ar_step_s: float | None) -> dict:
-        """The stats of the last run, with the Jacobi window's mean number of drafts changed per step."""
-        summary = stats.summary(method=method, lossless=get_method(self.modality, method).lossless, wall_s=wall_s,
-                                ar_step_s=ar_step_s)
-        if getattr(self.last_rule, "relaxation", None) is not None:
-            summary["relaxed_share"] = self.last_rule.relaxed_share  # accepted codes the exact test would reject
-        if isinstance(self.last_drafter, JacobiDrafter):
-            changed = self.last_drafter.changed
-            summary["changed_per_step"] = sum(changed) / len(changed) if changed else 0.0
-        return summary
+        """The stats of a run that `stream` filled into `stats`."""
+        return stats.summary(method=method, lossless=get_method(self.modality, method).lossless, wall_s=wall_s,
+                             ar_step_s=ar_step_s)
 
     def decode(self, tokens: list[list[int]]) -> list:
         """Codes per sample (raster order, frame after frame) -> a PIL image per sample, or for a video model a

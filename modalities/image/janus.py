@@ -10,21 +10,18 @@ windows through our position-indexed cache, and `GuidedTarget` doubles the batch
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
 
 from specgen.errors import InvalidRequest, ModelNotFound
+from specgen.modalities.pipeline import Generator, check_num_samples
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget
-from specgen.samplers.acceptance import make_rule
 from specgen.samplers.guided import GuidedTarget
 from specgen.samplers.jacobi import JacobiDrafter
-from specgen.samplers.loop import speculative_generate
 from specgen.samplers.policies import FixedLength
 from specgen.samplers.processing import Processing
-from specgen.samplers.registry import default_method, get_method
 from specgen.samplers.stats import SpecStats
 
 
@@ -69,12 +66,14 @@ class JanusResult:
     stats: dict
 
 
-class JanusImageGenerator:
+class JanusImageGenerator(Generator):
     """Janus image generation by `ar`, `sjd`, `mc-sjd` or `gumbel-sjd`.
 
     `JanusImageGenerator(path)` loads a checkpoint offline (e.g. a downloaded Janus-Pro folder);
     `JanusImageGenerator(model=...)` serves a loaded `JanusForConditionalGeneration`. Special token ids come from
     the model's generation config (BOS, pad) and `boi_token_id` (its `generation_kwargs`)."""
+
+    modality = "image"  # the registry's image methods
 
     def __init__(self, path: str | None = None, *, model=None, dtype=torch.float32, boi_token_id: int | None = None):
         if model is None:
@@ -89,7 +88,6 @@ class JanusImageGenerator:
         if self.boi is None or self.pad is None:
             raise InvalidRequest("the Janus generation config needs pad_token_id and generation_kwargs['boi_token_id']")
         self.num_image_tokens = model.model.vision_model.config.num_image_tokens
-        self.last_drafter = None
 
     def shifted(self, input_ids) -> torch.Tensor:
         """Text prompt ids -> the image LM's id space."""
@@ -109,34 +107,46 @@ class JanusImageGenerator:
     def stream(self, input_ids, *, method: str | None = None, temperature: float = 1.0, top_k: int = 0,
                guidance_scale: float = 5.0, seed: int = 0, num_samples: int = 1, max_new_tokens: int | None = None,
                stats: SpecStats | None = None, **params):
-        method = method or default_method("image")  # the registry's default
-        spec = get_method("image", method)
-        knobs = spec.resolve_knobs(params)
+        pipeline, prompts = self._request(input_ids, method, num_samples, max_new_tokens, stats, params,
+                                          temperature=temperature, top_k=top_k, guidance_scale=guidance_scale)
+        yield from pipeline.run(prompts, seed=seed)
+
+    def generate(self, input_ids, *, method: str | None = None, seed: int = 0, num_samples: int = 1,
+                 max_new_tokens: int | None = None, **options) -> JanusResult:
+        sampling = {k: options.pop(k) for k in ("temperature", "top_k", "guidance_scale") if k in options}
+        pipeline, prompts = self._request(input_ids, method, num_samples, max_new_tokens, None, options, **sampling)
+        result = pipeline.generate(prompts, seed=seed)
+        return JanusResult(result.tokens, result.stats)
+
+    def _request(self, input_ids, method: str | None, num_samples: int, max_new_tokens: int | None,
+                 stats: SpecStats | None, params: dict, **sampling):
         prompt = self.shifted(input_ids)
         if int(prompt[-1]) - self.lm.num_codes != self.boi:
             raise InvalidRequest(f"a Janus image prompt ends with the BOI token ({self.boi})")
-        processing = self.processing(temperature=temperature, top_k=top_k, guidance_scale=guidance_scale)
-        max_new_tokens = max_new_tokens or self.num_image_tokens
-        capacity = len(prompt) + max_new_tokens + knobs.get("window", 1)  # the cache never holds more
-        target = GuidedTarget(TransformersTarget(self.lm, capacity=capacity), self.uncond)  # uncond always runs
-        drafter, policy = None, FixedLength(0)
-        if spec.drafter is not None:
-            drafter = JacobiDrafter(self.lm.num_codes, spec.drafter.removeprefix("jacobi-"), knobs["init"])
-            policy = FixedLength(knobs["window"] - 1)
-        self.last_drafter = drafter
-        yield from speculative_generate(target, drafter, make_rule(spec.rule, processing), [prompt] * num_samples,
-                                        processing=processing, max_new_tokens=max_new_tokens,
-                                        policy=policy, seed=seed, stats=stats)
+        pipeline = self.pipeline(method, [prompt], max_new_tokens=max_new_tokens or self.num_image_tokens,
+                                 sampling=sampling, params=params, stats=stats)
+        return pipeline, [prompt] * check_num_samples(num_samples)
 
-    def generate(self, input_ids, *, method: str | None = None, **options) -> JanusResult:
-        method = method or default_method("image")  # the registry's default
-        stats = SpecStats()
-        tokens: list[list[int]] = [[] for _ in range(options.get("num_samples", 1))]
-        started = time.perf_counter()
-        for event in self.stream(input_ids, method=method, stats=stats, **options):
-            tokens[event.row].extend(event.tokens)
-        summary = stats.summary(method=method, lossless=True, wall_s=time.perf_counter() - started)
-        return JanusResult(tokens, summary)
+    # ---- the pipeline's parts (modalities/pipeline.py) -------------------------------------------------------
+
+    def capacity(self, spec, knobs: dict, prompts, max_new_tokens: int) -> int:
+        return len(prompts[0]) + max_new_tokens + knobs.get("window", 1)  # the cache never holds more
+
+    def engine(self, capacity: int | None) -> TransformersTarget:
+        return TransformersTarget(self.lm, capacity=capacity)
+
+    def policy(self, spec, knobs: dict) -> FixedLength:
+        return FixedLength(knobs["window"] - 1 if spec.drafter is not None else 0)
+
+    def drafter(self, spec, knobs: dict, processing: Processing, policy, engine):
+        if spec.drafter is None:
+            return None
+        if not spec.drafter.startswith("jacobi-"):
+            raise InvalidRequest(f"Janus serves the Jacobi methods and ar, not {spec.name!r}")
+        return JacobiDrafter(self.lm.num_codes, spec.drafter.removeprefix("jacobi-"), knobs["init"])
+
+    def serving_target(self, engine, processing: Processing) -> GuidedTarget:
+        return GuidedTarget(engine, self.uncond)  # the unconditioned row always runs, as in Janus's own generate
 
     def decode(self, tokens: list[list[int]]):
         """Image codes -> pixels with Janus's own VQ decoder: float [batch, 3, H, W] in [-1, 1]."""

@@ -13,7 +13,6 @@ Without arguments it loads the models shipped in `assets/speech/`.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -29,12 +28,11 @@ from specgen.modalities.speech.codec import AcousticCodec
 from specgen.modalities.speech.groups import check_theta, load_or_build_groups
 from specgen.modalities.speech.models import (DEFAULT_VOICE, SpeechVocab, default_paths, load_speech_lm,
                                               load_speech_vocab)
+from specgen.modalities.pipeline import Generator, check_num_samples
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget, measure_window_s
 from specgen.samplers.acceptance import make_rule
-from specgen.samplers.loop import speculative_generate
-from specgen.samplers.policies import make_policy
 from specgen.samplers.processing import Processing
-from specgen.samplers.registry import default_method, get_method
+from specgen.samplers.registry import get_method
 from specgen.samplers.groups import TokenGroups
 from specgen.samplers.stats import SpecStats
 from specgen.samplers.types import StepEvent
@@ -114,7 +112,9 @@ class SpeechResult:
     groups: list[int] | None = None  # pcg: the group each token of the first sample was committed in
 
 
-class SpeechGenerator:
+class SpeechGenerator(Generator):
+    modality = "speech"
+
     def __init__(self, model: str | Path | None = None, draft: str | Path | None = None,
                  codec: str | Path | None = None, *, threads: int | None = 1, dtype: torch.dtype = torch.float32):
         if threads:
@@ -162,14 +162,9 @@ class SpeechGenerator:
         return self._groups[theta]
 
     def rule(self, method: str, processing: Processing, knobs: dict):
-        """The acceptance rule of a method with its resolved knobs."""
+        """The acceptance rule of a method with its resolved knobs (pcg's groups are built, or loaded, here)."""
         spec = get_method("speech", method)
-        options = {}
-        if spec.rule == "group":
-            options = {"groups": self.groups(knobs["theta"]), "residual": knobs["residual"]}
-        elif spec.rule == "tolerance":
-            options = {"beta": knobs["beta"]}
-        return make_rule(spec.rule, processing, **options)
+        return make_rule(spec.rule, processing, **self.rule_options(spec, knobs, None))
 
     def processing(self, *, temperature: float | None = None, top_k: int | None = None,
                    top_p: float = 1.0) -> Processing:
@@ -181,7 +176,31 @@ class SpeechGenerator:
 
     def max_new_tokens_for(self, text: str, voice: str = DEFAULT_VOICE, max_new_tokens: int | None = None) -> int:
         """The length cap of a request: the given one (checked against the context), or the default for the text."""
-        prompt = self.vocab.prompt_ids(text, voice)
+        return self.length_cap([self.vocab.prompt_ids(text, voice)], max_new_tokens)
+
+    def stream(self, text: str, *, method: str | None = None, voice: str = DEFAULT_VOICE,
+               max_new_tokens: int | None = None,
+               temperature: float | None = None, top_k: int | None = None, top_p: float = 1.0, seed: int = 0,
+               num_samples: int = 1, stats: SpecStats | None = None, **params) -> Iterator[StepEvent]:
+        pipeline, prompts = self._request(text, voice, method, num_samples, max_new_tokens, stats, params,
+                                          temperature=temperature, top_k=top_k, top_p=top_p)
+        yield from pipeline.run(prompts, seed=seed)
+
+    def _request(self, text: str, voice: str, method: str | None, num_samples: int, max_new_tokens: int | None,
+                 stats: SpecStats | None, params: dict, **sampling):
+        prompt_ids = self.vocab.prompt_ids(text, voice)
+        pipeline = self.pipeline(method, [prompt_ids], max_new_tokens=max_new_tokens, sampling=sampling,
+                                 params=params, stats=stats)
+        return pipeline, [prompt_ids] * check_num_samples(num_samples)
+
+    # ---- the pipeline's parts (modalities/pipeline.py) -------------------------------------------------------
+
+    @property
+    def stop_tokens(self) -> tuple[int, ...]:
+        return (self.vocab.eos,)
+
+    def length_cap(self, prompts, max_new_tokens: int | None) -> int:
+        prompt = prompts[0]
         room = self.model.config.max_position_embeddings - len(prompt)
         if max_new_tokens is None:  # the interleaved layout also spends one token per character
             per_char = FRAMES_PER_CHAR + (self.vocab.layout == "interleaved")
@@ -191,47 +210,35 @@ class SpeechGenerator:
                                  f"tokens, context {self.model.config.max_position_embeddings}), got {max_new_tokens}")
         return max_new_tokens
 
-    def stream(self, text: str, *, method: str | None = None, voice: str = DEFAULT_VOICE,
-               max_new_tokens: int | None = None,
-               temperature: float | None = None, top_k: int | None = None, top_p: float = 1.0, seed: int = 0,
-               num_samples: int = 1, stats: SpecStats | None = None, **params) -> Iterator[StepEvent]:
-        method = method or default_method("speech")  # the registry's default
-        spec = get_method("speech", method)
-        knobs = spec.resolve_knobs(params)
-        if num_samples < 1:
-            raise InvalidRequest(f"num_samples must be >= 1, got {num_samples}")
-        processing = self.processing(temperature=temperature, top_k=top_k, top_p=top_p)
-        prompt_ids = self.vocab.prompt_ids(text, voice)
-        limit = self.max_new_tokens_for(text, voice, max_new_tokens)
-        drafter = None
+    def engine(self, capacity: int | None) -> TransformersTarget:
+        return self._target()
+
+    def drafter(self, spec, knobs: dict, processing: Processing, policy, engine):
         if spec.drafter == "model":
-            drafter = ModelDrafter(self.draft_model, processing, target_vocab_size=self.vocab.vocab_size)
-        elif spec.drafter is not None:
-            raise InvalidRequest(f"unknown drafter {spec.drafter!r}")
-        policy = make_policy(knobs.get("length_schedule", "fixed"), knobs.get("num_draft_tokens", 0))
-        rule = self.rule(method, processing, knobs)
-        yield from speculative_generate(self._target(), drafter, rule,
-                                        [prompt_ids] * num_samples, processing=processing, max_new_tokens=limit,
-                                        policy=policy, seed=seed, stop_tokens=(self.vocab.eos,), stats=stats)
+            return ModelDrafter(self.draft_model, processing, target_vocab_size=self.vocab.vocab_size)
+        return super().drafter(spec, knobs, processing, policy, engine)
+
+    def rule_options(self, spec, knobs: dict, drafter) -> dict:
+        if spec.rule == "group":
+            return {"groups": self.groups(knobs["theta"]), "residual": knobs["residual"]}
+        if spec.rule == "tolerance":
+            return {"beta": knobs["beta"]}
+        return {}
 
     def generate(self, text: str, *, method: str | None = None, ar_step_s: float | None = None, decode: bool = True,
+                 voice: str = DEFAULT_VOICE, max_new_tokens: int | None = None, seed: int = 0, num_samples: int = 1,
                  **options) -> SpeechResult:
         """Tokens, waveform (decode=False skips the vocoder: audio stays empty) and the stats of one request."""
-        method = method or default_method("speech")  # the registry's default
-        stats = SpecStats()
-        num_samples = options.get("num_samples", 1)
-        tokens: list[list[int]] = [[] for _ in range(num_samples)]
+        sampling = {k: options.pop(k) for k in ("temperature", "top_k", "top_p") if k in options}
+        pipeline, prompts = self._request(text, voice, method, num_samples, max_new_tokens, None, options, **sampling)
+        result = pipeline.generate(prompts, seed=seed, ar_step_s=ar_step_s)
+        summary = result.stats
         groups: list[list[int]] = [[] for _ in range(num_samples)]  # pcg tags every committed token with its group
-        started = time.perf_counter()
-        for event in self.stream(text, method=method, stats=stats, **options):
-            tokens[event.row].extend(event.tokens)
+        for event in result.events:
             groups[event.row].extend(event.extra.get("groups", ()))
-        wall_s = time.perf_counter() - started
-        summary = stats.summary(method=method, lossless=get_method("speech", method).lossless, wall_s=wall_s,
-                                ar_step_s=ar_step_s)
         # characters (interleaved layout) and EOS are not frames
-        groups = [self.vocab.acoustic_tags(row, tags) if tags else None for row, tags in zip(tokens, groups)]
-        tokens = [self.vocab.acoustic(row) for row in tokens]
+        groups = [self.vocab.acoustic_tags(row, tags) if tags else None for row, tags in zip(result.tokens, groups)]
+        tokens = [self.vocab.acoustic(row) for row in result.tokens]
         summary["audio_s"] = len(tokens[0]) / self.codec.cfg.frame_rate if decode else None
         audios = [self.decode(t) if decode else np.zeros(0, np.float32) for t in tokens]
         samples = [{"tokens": t, "audio": a, **({"groups": g} if g is not None else {})}

@@ -25,13 +25,12 @@ from specgen.modalities.assets import assets_dir
 from specgen.modalities.drafters.model import ModelDrafter
 from specgen.modalities.text import gemma
 from specgen.modalities.text.ngram import LookupSlots, PromptLookupDrafter
+from specgen.modalities.drafters.tree import tree_room
+from specgen.modalities.pipeline import Generator, check_num_samples
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget, measure_window_s
-from specgen.samplers.acceptance import make_rule
-from specgen.samplers.loop import speculative_generate
 from specgen.samplers.policies import make_policy
 from specgen.samplers.processing import Processing
 from specgen.samplers import registry
-from specgen.samplers.registry import get_method
 from specgen.samplers.stats import SpecStats
 from specgen.samplers.types import StepEvent
 
@@ -61,8 +60,10 @@ def default_method(model: str | None, draft: str | None) -> str:
 
 
 # The shipped code pair's draft lengths: the cost model's choices from its measured T_verify(n) and T_draft when
-# the target ran through torch (benchmarks/draft-length-code.md). Through the compiled step it picks 8 for all
-# three, with 8, 12 and 16 within run-to-run noise of each other (benchmarks/draft-length-code-20261202T15*.md).
+# the target ran through torch (benchmarks/draft-length-code.md, git show 9868d61:benchmarks/draft-length-code.md).
+# Through the compiled step it picks 8 for all three, with 8, 12 and 16 within run-to-run noise of each other
+# (benchmarks/draft-length-code-latest.md; an earlier run: benchmarks/draft-length-code-20261202T1506Z.md, git show
+# 5fa71d4:benchmarks/draft-length-code-20261202T1506Z.md).
 # Verifying 13 tokens costs this small target about twice a plain step, so long drafts pay; Gemma's output layer
 # makes them cost more there.
 CODE_DRAFT_LENGTHS = {"ngram": 12, "draft": 8, "draft-lookup": 8}
@@ -158,7 +159,9 @@ class TextResult:
     samples: list[dict]  # one {"text", "tokens"} per sample
 
 
-class TextGenerator:
+class TextGenerator(Generator):
+    modality = "text"
+
     def __init__(self, model: str | None = None, draft: str | None = None, *, threads: int | None = 1,
                  dtype: torch.dtype = torch.float32):
         if threads:
@@ -202,23 +205,29 @@ class TextGenerator:
     def stream(self, prompt: str, *, method: str | None = None, max_new_tokens: int = MAX_NEW_TOKENS,
                temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0, num_samples: int = 1,
                stats: SpecStats | None = None, **params) -> Iterator[StepEvent]:
-        if num_samples < 1:
-            raise InvalidRequest(f"num_samples must be >= 1, got {num_samples}")
-        method = method or self.default_method
-        prompt_ids = self.encode(prompt)
-        stats = stats if stats is not None else SpecStats()
-        models, options = self._pipeline(method, [prompt_ids], max_new_tokens, temperature, top_p, top_k, stats,
-                                         params)
-        run = speculative_generate(*models, [prompt_ids] * num_samples, max_new_tokens=max_new_tokens, seed=seed,
-                                   stats=stats, **options)
-        if self.online is None or method != "draft" or num_samples != 1:
+        pipeline, prompts = self._request(prompt, method, num_samples, max_new_tokens, stats, params,
+                                          temperature=temperature, top_p=top_p, top_k=top_k)
+        run = pipeline.run(prompts, seed=seed)
+        if not self._learns(pipeline.method, num_samples):
             yield from run
             return
         events = []
         for event in run:
             events.append(event)
             yield event
-        self.online.observe(prompt_ids, events)  # a request served to its end teaches the draft (OSD)
+        self.online.observe(prompts[0], events)  # a request served to its end teaches the draft (OSD)
+
+    def _request(self, prompt: str, method: str | None, num_samples: int, max_new_tokens: int,
+                 stats: SpecStats | None, params: dict, **sampling):
+        check_num_samples(num_samples)
+        prompt_ids = self.encode(prompt)
+        pipeline = self.pipeline(method, [prompt_ids], max_new_tokens=max_new_tokens, sampling=sampling,
+                                 params=params, stats=stats)
+        return pipeline, [prompt_ids] * num_samples
+
+    def _learns(self, method: str, num_samples: int) -> bool:
+        """Whether this request feeds online distillation (`learn_online`)."""
+        return self.online is not None and method == "draft" and num_samples == 1
 
     def serve(self, prompts: Sequence[str], *, rows: int = 8, method: str | None = None,
               max_new_tokens: int = MAX_NEW_TOKENS, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
@@ -231,20 +240,18 @@ class TextGenerator:
         requests' `wall_s` add up to the run's; both include the caller's time between results)."""
         if rows < 1:
             raise InvalidRequest(f"rows must be >= 1, got {rows}")
-        method = method or self.default_method
         prompt_ids = [self.encode(prompt) for prompt in prompts]
         if not prompt_ids:
             return
-        stats = SpecStats()
-        models, options = self._pipeline(method, prompt_ids, max_new_tokens, temperature, top_p, top_k, stats, params)
-        lossless = get_method("text", method).lossless
+        pipeline = self.pipeline(method, prompt_ids, max_new_tokens=max_new_tokens,
+                                 sampling={"temperature": temperature, "top_p": top_p, "top_k": top_k}, params=params)
+        method, lossless = pipeline.method, pipeline.spec.lossless
         first = min(rows, len(prompt_ids))
         queue = iter(list(enumerate(prompt_ids))[first:])
         previous = time.perf_counter()  # the run's start, then its latest finish
         admitted = {i: previous for i in range(first)}
         events: dict[int, list[StepEvent]] = {}
-        for event in speculative_generate(*models, prompt_ids[:first], max_new_tokens=max_new_tokens, seed=seed,
-                                          stats=stats, queue=queue, **options):
+        for event in pipeline.run(prompt_ids[:first], seed=seed, queue=queue):
             events.setdefault(event.sample, []).append(event)
             if not event.finished:
                 continue
@@ -273,34 +280,34 @@ class TextGenerator:
             raise InvalidRequest(f"max_new_tokens must be between 1 and {capacity - len(prompt_ids)} for this prompt "
                                  f"({len(prompt_ids)} tokens, context {capacity}), got {max_new_tokens}")
 
-    def _pipeline(self, method: str, prompt_ids: list[torch.Tensor], max_new_tokens: int, temperature: float,
-                  top_p: float, top_k: int, stats: SpecStats, params: dict):
-        """((target, drafter, rule), the loop's other options) for `method` under these knobs."""
-        spec = get_method("text", method)
-        knobs = self.resolve_knobs(spec, params)
-        processing = Processing(temperature=temperature, top_p=top_p, top_k=top_k)
-        capacity = self.context_size
-        self.check_length(max(prompt_ids, key=len), max_new_tokens)
-        if spec.rule == "tree":  # the loop's draft length caps the tree's depth
-            policy = make_policy("fixed", knobs.get("max_depth", knobs.get("depth", 0)))
-        elif spec.policy == "svip":
-            from specgen.samplers.length_policies import SvipLength
+    # ---- the pipeline's parts (modalities/pipeline.py) -------------------------------------------------------
 
-            policy = SvipLength(knobs["num_draft_tokens"], threshold=knobs["entropy_threshold"])
-        else:
-            policy = make_policy(knobs.get("length_schedule", "fixed"), knobs.get("num_draft_tokens", 0))
-        if hasattr(policy, "attach"):  # the cost model reads this run's measurements
-            policy.attach(stats)
-        drafter = self._drafter(spec.drafter, knobs, processing, policy)
+    @property
+    def stop_tokens(self) -> tuple[int, ...]:
         eos = self.tokenizer.eos_token_id
-        rule = make_rule(spec.rule, processing, siblings=getattr(drafter, "siblings", "without_replacement"))
-        if spec.rule == "tree" and processing.greedy:  # the same decisions, without residual arithmetic
-            from specgen.samplers.trees import GreedyTreeMatch
+        return () if eos is None else (eos,)
 
-            rule = GreedyTreeMatch()
-        target = self.target(capacity + getattr(drafter, "max_nodes", 0))
-        return (target, drafter, rule), {"processing": processing, "policy": policy,
-                                         "stop_tokens": () if eos is None else (eos,)}
+    def processing(self, *, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0) -> Processing:
+        return Processing(temperature=temperature, top_p=top_p, top_k=top_k)  # greedy unless asked
+
+    def length_cap(self, prompts: Sequence[torch.Tensor], max_new_tokens: int) -> int:
+        self.check_length(max(prompts, key=len), max_new_tokens)
+        return max_new_tokens
+
+    def policy(self, spec, knobs: dict):
+        if spec.rule == "tree":  # the loop's draft length caps the tree's depth
+            return make_policy("fixed", knobs.get("max_depth", knobs.get("depth", 0)))
+        return super().policy(spec, knobs)
+
+    def capacity(self, spec, knobs: dict, prompts, max_new_tokens: int) -> int:
+        tree = (spec.drafter or "").startswith("tree-")
+        return self.context_size + (tree_room(spec.drafter, knobs) if tree else 0)  # a tree needs free slots
+
+    def engine(self, capacity: int | None) -> TransformersTarget:
+        return self.target(capacity)
+
+    def drafter(self, spec, knobs: dict, processing: Processing, policy, engine):
+        return self._drafter(spec.drafter, knobs, processing, policy)
 
     @property
     def example_prompt(self) -> str:
@@ -315,36 +322,27 @@ class TextGenerator:
         """Defaults this served model prefers over the registry's for method `spec` (only knobs it has)."""
         return knob_defaults(self.model_path, spec)
 
-    def resolve_knobs(self, spec, params: dict) -> dict:
-        known = {knob.name for knob in spec.knobs}
-        return spec.resolve_knobs({**{k: v for k, v in self.knob_defaults(spec).items() if k in known}, **params})
-
     def learn_online(self, *, interval: int = 8, lr: float = 1e-3, positions: str = "wrong"):
         """Online speculative decoding (OSD): from now on every single-sample request with method `draft` served to
         its end (by `generate` or `stream`) feeds the positions where the draft was wrong to an `OnlineDistiller`,
         which updates the draft in place every `interval` requests. Outputs stay exact (the target decides every token); only acceptance changes."""
-        from specgen.modalities.text.distill.online import OnlineDistiller
+        from specgen.modalities.text.training.distill.online import OnlineDistiller
 
         self.online = OnlineDistiller(self.draft_model, self.model, interval=interval, lr=lr, positions=positions)
         return self.online
 
-    def generate(self, prompt: str, *, method: str | None = None, **options) -> TextResult:
+    def generate(self, prompt: str, *, method: str | None = None, max_new_tokens: int = MAX_NEW_TOKENS, seed: int = 0,
+                 num_samples: int = 1, **options) -> TextResult:
         """The whole completion (text, new token ids, stats; every sample's with num_samples > 1). `method` None: the
         model's default (`default_method`)."""
-        method = method or self.default_method
-        stats = SpecStats()
-        started = time.perf_counter()
-        num_samples = options.get("num_samples", 1)
-        tokens: list[list[int]] = [[] for _ in range(num_samples)]
-        for event in self.stream(prompt, method=method, stats=stats, **options):
-            tokens[event.row].extend(event.tokens)
-        wall_s = time.perf_counter() - started
-        spec = get_method("text", method)
-        summary = stats.summary(method=method, lossless=spec.lossless, wall_s=wall_s,
-                                ar_step_s=self.measure_step_s(prompt))
-        if self.online is not None and method == "draft" and num_samples == 1:
+        sampling = {k: options.pop(k) for k in ("temperature", "top_p", "top_k") if k in options}
+        pipeline, prompts = self._request(prompt, method, num_samples, max_new_tokens, None, options, **sampling)
+        result = pipeline.generate(prompts, seed=seed, ar_step_s=lambda: self.measure_step_s(prompt))
+        summary = result.stats
+        if self._learns(pipeline.method, num_samples):
+            self.online.observe(prompts[0], result.events)  # a request served to its end teaches the draft (OSD)
             summary["online_updates"] = self.online.updates
-        samples = [{"text": self.tokenizer.decode(t, skip_special_tokens=True), "tokens": t} for t in tokens]
+        samples = [{"text": self.tokenizer.decode(t, skip_special_tokens=True), "tokens": t} for t in result.tokens]
         return TextResult(samples[0]["text"], samples[0]["tokens"], summary, samples)
 
     def measure_step_s(self, prompt: str, repeats: int = 3) -> float:
