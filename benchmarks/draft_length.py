@@ -2,7 +2,7 @@
 
     python benchmarks/draft_length.py [--model gemma] [--draft D] [--methods draft,draft-lookup]
         [--lengths 2,3,4,6,8] [--max-new-tokens 128] [--prompts benchmarks/prompts/text.jsonl] [--threads 1]
-        [--out benchmarks/draft-length-gemma]
+        [--out benchmarks/draft-length-gemma-latest]
 
 Greedy decoding of the bench prompts with `ar` and with each method at every length, interleaved per prompt in
 rotated order (one process, the same loaded models). From the pooled measurements of the sweep itself, the cost
@@ -34,17 +34,22 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--prompts", type=Path, default=ROOT / "benchmarks" / "prompts" / "text.jsonl")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "draft-length")
+    parser.add_argument("--out", type=Path, help="default: benchmarks/draft-length-{gemma,code}-latest, by target")
     args = parser.parse_args()
 
     from tqdm import tqdm
 
-    from specgen.app.bench.text import _pool, load_prompts, rotated
+    from specgen.app.bench.prompts import load_prompts
+    from specgen.app.bench.runner import rotated
+    from specgen.app.bench.text import pool_stats as _pool
     from specgen.modalities.text.generator import TextGenerator
     from specgen.samplers.stats import SpecStats, expected_tokens_per_step
 
     lengths, methods = [int(x) for x in args.lengths.split(",")], args.methods.split(",")
     generator = TextGenerator(args.model, args.draft, threads=args.threads)
+    if args.out is None:  # one latest record per target
+        kind = "gemma" if "gemma" in str(generator.model_path).lower() else "code"
+        args.out = ROOT / "benchmarks" / f"draft-length-{kind}-latest"
     prompts = load_prompts(args.prompts)
     variants = ["ar", *(f"{m}[{g}]" for m in methods for g in lengths)]
 

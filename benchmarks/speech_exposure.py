@@ -1,7 +1,7 @@
 """Where target-only speech loses its words: one held-out sentence set decoded six ways by one token model.
 
     python benchmarks/speech_exposure.py [--model assets/speech/target ...] [--corpus assets/speech/corpus] [--n 96] \
-        [--out benchmarks/speech-exposure]
+        [--out benchmarks/speech-exposure-latest]
 
 On the corpus' held-out utterances (the last 96 of `assets/speech/corpus`, with their aligned character durations)
 whose words pocketsphinx knows, each model is decoded
@@ -64,17 +64,17 @@ def main() -> None:
                              "needs a corpus aligned with --units phonemes); its last 96 utterances are used")
     parser.add_argument("--n", type=int, default=96, help="held-out utterances to consider (the corpus' last)")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "speech-exposure"))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "speech-exposure-latest"))
     args = parser.parse_args()
     import torch
 
     from specgen.modalities.speech import codec
-    from specgen.modalities.speech.align import load_durations
-    from specgen.modalities.speech.evaluate import Recogniser, _words, word_error_rate
+    from specgen.modalities.speech.training.alignment import load_durations
+    from specgen.modalities.speech.training.evaluate import Recogniser, _words, word_error_rate
     from specgen.modalities.speech.generator import SpeechGenerator
     from specgen.modalities.speech.models import default_paths, load_speech_lm, load_speech_vocab
-    from specgen.modalities.speech.quality import load_corpus, split_corpus
-    from specgen.modalities.speech.train import VAL_UTTERANCES
+    from specgen.modalities.speech.training.quality import load_corpus, split_corpus
+    from specgen.modalities.speech.training.codebook import VAL_UTTERANCES
 
     from specgen.settings import use_threads
 

@@ -8,7 +8,7 @@ time and replace only its drafting: (a) drafting costs what the chain's did (a t
 chain needs at least the chain's sequential draft forwards), (b) drafting is free. Each is compared with the
 sweep's chain (`draft`) on the same prompts in the same run, and the drafting time a tree could spend at most to
 be `--target` times the chain's speed is given. Per-step loop overhead is left out on both sides (the tree's
-fewer steps would only help it a little). Writes benchmarks/trees-bound-<date>.{json,md}.
+fewer steps would only help it a little). Writes benchmarks/trees-bound-latest.{json,md}.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -71,11 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     for path in a.sweeps:
         summary = json.loads(path.read_text())["summary"]
         records.append({"sweep": path.name, "chain": summary["draft"], "rows": bounds(summary, a.target)})
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d")
-    (ROOT / f"trees-bound-{stamp}.json").write_text(json.dumps({"target": a.target, "records": records}, indent=1)
+    (ROOT / "trees-bound-latest.json").write_text(json.dumps({"target": a.target, "records": records}, indent=1)
                                                     + "\n")
     text = render(records, a.target)
-    (ROOT / f"trees-bound-{stamp}.md").write_text(text)
+    (ROOT / "trees-bound-latest.md").write_text(text)
     print(text)
     return 0
 

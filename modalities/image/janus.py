@@ -10,7 +10,9 @@ windows through our position-indexed cache, and `GuidedTarget` doubles the batch
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -69,17 +71,21 @@ class JanusResult:
 class JanusImageGenerator(Generator):
     """Janus image generation by `ar`, `sjd`, `mc-sjd` or `gumbel-sjd`.
 
-    `JanusImageGenerator(path)` loads a checkpoint offline (e.g. a downloaded Janus-Pro folder);
-    `JanusImageGenerator(model=...)` serves a loaded `JanusForConditionalGeneration`. Special token ids come from
-    the model's generation config (BOS, pad) and `boi_token_id` (its `generation_kwargs`)."""
+    `JanusImageGenerator(path)` loads a checkpoint offline (e.g. a downloaded Janus-Pro folder) and, when the
+    folder has one, its processor, so prompts may be text; `JanusImageGenerator(model=..., processor=...)` serves a
+    loaded `JanusForConditionalGeneration`. Without a processor a prompt is token ids ending with BOI. Special token
+    ids come from the model's generation config (BOS, pad) and `boi_token_id` (its `generation_kwargs`)."""
 
     modality = "image"  # the registry's image methods
 
-    def __init__(self, path: str | None = None, *, model=None, dtype=torch.float32, boi_token_id: int | None = None):
+    def __init__(self, path: str | None = None, *, model=None, processor=None, dtype=torch.float32,
+                 boi_token_id: int | None = None):
         if model is None:
             if path is None:
                 raise InvalidRequest("give a Janus checkpoint path or a loaded model")
             model = _load(path, dtype)
+            processor = processor or _load_processor(path)
+        self.processor = processor
         self.lm = JanusImageLM(model)
         generation = model.generation_config
         self.bos = generation.bos_token_id
@@ -89,8 +95,20 @@ class JanusImageGenerator(Generator):
             raise InvalidRequest("the Janus generation config needs pad_token_id and generation_kwargs['boi_token_id']")
         self.num_image_tokens = model.model.vision_model.config.num_image_tokens
 
+    def encode(self, prompt: str) -> torch.Tensor:
+        """A text prompt -> Janus's image-generation prompt ids: the user turn in its chat template, then BOI."""
+        if self.processor is None:
+            raise InvalidRequest("this Janus model has no processor beside it: give the prompt as token ids")
+        if not prompt:
+            raise InvalidRequest("the prompt is empty")
+        turn = [{"role": "user", "content": [{"type": "text", "text": prompt}]}]
+        text = self.processor.apply_chat_template(turn, add_generation_prompt=True)
+        return self.processor(text=text, generation_mode="image", return_tensors="pt")["input_ids"][0]
+
     def shifted(self, input_ids) -> torch.Tensor:
-        """Text prompt ids -> the image LM's id space."""
+        """Text prompt ids (or a text prompt) -> the image LM's id space."""
+        if isinstance(input_ids, str):
+            input_ids = self.encode(input_ids)
         return torch.as_tensor(input_ids, dtype=torch.long).flatten() + self.lm.num_codes
 
     def uncond(self, prompt: torch.Tensor) -> torch.Tensor:
@@ -149,9 +167,16 @@ class JanusImageGenerator(Generator):
         return GuidedTarget(engine, self.uncond)  # the unconditioned row always runs, as in Janus's own generate
 
     def decode(self, tokens: list[list[int]]):
-        """Image codes -> pixels with Janus's own VQ decoder: float [batch, 3, H, W] in [-1, 1]."""
+        """Image codes -> pixels with Janus's own VQ decoder: float [batch, H, W, 3] in [-1, 1]."""
         with torch.no_grad():
             return self.lm.janus.decode_image_tokens(torch.tensor(tokens))
+
+    def images(self, tokens: list[list[int]]) -> list:
+        """Image codes -> one PIL image per sample."""
+        from PIL import Image
+
+        pixels = ((self.decode(tokens).float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+        return [Image.fromarray(p.numpy()) for p in pixels]
 
 
 def _load(path: str, dtype):
@@ -161,3 +186,22 @@ def _load(path: str, dtype):
         return JanusForConditionalGeneration.from_pretrained(path, dtype=dtype, local_files_only=True).eval()
     except (OSError, ValueError) as exc:
         raise ModelNotFound(f"cannot load a Janus model from {path!r} offline: {str(exc).splitlines()[0]}") from None
+
+
+def _load_processor(path: str):
+    """The checkpoint's processor (tokenizer and chat template), or None when the folder has none."""
+    from transformers import AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def is_janus(path: str | Path) -> bool:
+    """Whether a model folder holds a Janus checkpoint (its config's model_type)."""
+    config = Path(path) / "config.json"
+    try:
+        return json.loads(config.read_text()).get("model_type") == "janus"
+    except (OSError, ValueError):
+        return False

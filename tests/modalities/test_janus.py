@@ -7,7 +7,7 @@ import torch
 from transformers import GenerationConfig, JanusConfig, JanusForConditionalGeneration
 
 from specgen.errors import InvalidRequest
-from specgen.modalities.image.janus import JanusImageGenerator
+from specgen.modalities.image.janus import JanusImageGenerator, is_janus
 from specgen.samplers.chisquare import goodness_of_fit
 from specgen.samplers.oracle import target_joint
 from specgen.samplers.processing import Processing
@@ -83,3 +83,41 @@ def test_sampling_matches_the_guided_janus_target(janus, method):
 def test_a_prompt_must_end_with_boi(janus):
     with pytest.raises(InvalidRequest, match="BOI"):
         JanusImageGenerator(model=janus).generate([2, 10, 11], method="ar")
+
+
+def _save_processor(folder):
+    """A character tokenizer with Janus's special tokens and a one-line chat template, saved as a JanusProcessor."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import JanusImageProcessor, JanusProcessor, PreTrainedTokenizerFast
+
+    special = ["<unk>", "<pad>", "<bos>", "<begin_of_image>", "<end_of_image>", "<image_placeholder>"]  # ids 0-5
+    vocab = {**{token: i for i, token in enumerate(special)},
+             **{c: i + len(special) for i, c in enumerate("abcdefghijklmnopqrstuvwxyz :|<>")}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", pad_token="<pad>",
+                                        extra_special_tokens={"image_token": "<image_placeholder>",
+                                                              "boi_token": "<begin_of_image>",
+                                                              "eoi_token": "<end_of_image>"})
+    template = ("{% for m in messages %}<|{{ m['role'] }}|>: {% for c in m['content'] %}{{ c['text'] }}{% endfor %}"
+                "{% endfor %}{% if add_generation_prompt %}<|assistant|>:{% endif %}")
+    JanusProcessor(JanusImageProcessor(size={"height": 20, "width": 20}), tokenizer, chat_template=template,
+                   num_image_tokens=16).save_pretrained(folder)
+
+
+def test_a_janus_folder_takes_text_prompts(janus, tmp_path):
+    janus.save_pretrained(tmp_path)
+    _save_processor(tmp_path)
+    assert is_janus(tmp_path) and not is_janus(tmp_path / "missing")
+    generator = JanusImageGenerator(str(tmp_path), dtype=torch.float64)
+    ids = generator.encode("a red cat")
+    assert int(ids[-1]) == generator.boi  # the chat turn, then BOI
+    expected = generator.lm.janus.generate(ids[None], attention_mask=torch.ones_like(ids[None]), generation_mode="image",
+                                           generation_config=generator.lm.janus.generation_config)[0].tolist()
+    result = generator.generate("a red cat", method="sjd", temperature=0, guidance_scale=GUIDANCE, window=6)
+    assert result.tokens[0] == expected
+    image, pixels = generator.images(result.tokens)[0], generator.decode(result.tokens)[0]  # [H, W, 3]
+    assert image.size == (pixels.shape[1], pixels.shape[0]) and image.mode == "RGB"
+    with pytest.raises(InvalidRequest, match="no processor"):
+        JanusImageGenerator(model=janus).generate("a red cat", method="ar")
