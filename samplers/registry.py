@@ -76,10 +76,11 @@ class MethodSpec:
 
 
 NUM_DRAFT_TOKENS = Knob("num_draft_tokens", int, 5, "draft length gamma per step", 1, 64)
-LENGTH_SCHEDULE = Knob("length_schedule", str, "fixed",
-                       "'fixed'; 'heuristic' (+2 when all drafts are accepted, -1 otherwise); 'svip' (stop at a draft "
-                       "entropy bound); 'kangaroo' (stop below a draft confidence); 'cost' (the length the measured "
-                       "cost model predicts fastest)")
+LENGTH_SCHEDULE = ChoiceKnob("length_schedule", str, "fixed",
+                             "'fixed'; 'heuristic' (+2 when all drafts are accepted, -1 otherwise); 'svip' (stop at a "
+                             "draft entropy bound); 'kangaroo' (stop below a draft confidence); 'cost' (the length "
+                             "the measured cost model predicts fastest)",
+                             choices=("fixed", "heuristic", "svip", "kangaroo", "cost"))  # samplers/policies.py
 # 5 as vLLM's prompt_lookup_max: on the bench prompts longer matches change nothing, shorter ones lose
 NGRAM_SIZE = Knob("max_matching_ngram_size", int, 5, "longest n-gram looked up in the context", 1, 16)
 # TETRIS (Wu et al., arXiv 2502.15197) wraps any chain drafter when several rows decode together (num_samples,
@@ -231,13 +232,13 @@ register(MethodSpec("svip", "text", True,
 
 # ---- image and video --------------------------------------------------------------------------
 WINDOW = Knob("window", int, 32, "Jacobi window L: tokens scored per step (the pending token and L-1 drafts)", 2, 256)
-JACOBI_INIT = Knob("init", str, "random", "how empty window slots are drafted: 'random' (uniform over image codes) "
-                   "or 'left' (copy the previous token)")
+JACOBI_INIT = ChoiceKnob("init", str, "random", "how empty window slots are drafted: 'random' (uniform over image "
+                         "codes) or 'left' (copy the previous token)", choices=("random", "left"))
 # The coupled methods keep a draft the next pass agrees with, so a good first guess pays off more than for SJD:
 # copying the previous code (backgrounds repeat) took 4-7 % fewer steps than random drafts for MC-SJD on images
 # (2-12 % for Gumbel) and 10-14 % on clips, while SJD, which redraws every slot anyway, took 2-4 % more
 # (docs/image.md).
-COUPLED_INIT = Knob("init", str, "left", JACOBI_INIT.help)
+COUPLED_INIT = ChoiceKnob("init", str, "left", JACOBI_INIT.help, choices=JACOBI_INIT.choices)
 # Default windows: the best of `specgen bench image` / `bench video` (benchmarks/image-latest.md, video-latest.md).
 for _modality, _sjd_window, _window in (("image", 16, 16), ("video", 16, 32)):
     _knob = Knob("window", int, _window, WINDOW.help, 2, 256)

@@ -117,21 +117,23 @@ class JanusImageGenerator(Generator):
         keep = (text == self.bos) | (text == self.boi)
         return torch.where(keep, prompt, self.pad + self.lm.num_codes)
 
-    def processing(self, *, temperature: float = 1.0, top_k: int = 0, guidance_scale: float = 5.0) -> Processing:
+    def processing(self, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                   guidance_scale: float = 5.0) -> Processing:
         # Janus applies guidance only above 1; at or below it the conditioned logits are used as they are
-        return Processing(temperature=temperature, top_k=top_k,
+        return Processing(temperature=temperature, top_k=top_k, top_p=top_p,
                           guidance_scale=guidance_scale if guidance_scale > 1 else None)
 
     def stream(self, input_ids, *, method: str | None = None, temperature: float = 1.0, top_k: int = 0,
-               guidance_scale: float = 5.0, seed: int = 0, num_samples: int = 1, max_new_tokens: int | None = None,
-               stats: SpecStats | None = None, **params):
+               top_p: float = 1.0, guidance_scale: float = 5.0, seed: int = 0, num_samples: int = 1,
+               max_new_tokens: int | None = None, stats: SpecStats | None = None, **params):
         pipeline, prompts = self._request(input_ids, method, num_samples, max_new_tokens, stats, params,
-                                          temperature=temperature, top_k=top_k, guidance_scale=guidance_scale)
+                                          temperature=temperature, top_k=top_k, top_p=top_p,
+                                          guidance_scale=guidance_scale)
         yield from pipeline.run(prompts, seed=seed)
 
     def generate(self, input_ids, *, method: str | None = None, seed: int = 0, num_samples: int = 1,
                  max_new_tokens: int | None = None, **options) -> JanusResult:
-        sampling = {k: options.pop(k) for k in ("temperature", "top_k", "guidance_scale") if k in options}
+        sampling = {k: options.pop(k) for k in ("temperature", "top_k", "top_p", "guidance_scale") if k in options}
         pipeline, prompts = self._request(input_ids, method, num_samples, max_new_tokens, None, options, **sampling)
         result = pipeline.generate(prompts, seed=seed)
         return JanusResult(result.tokens, result.stats)
@@ -154,7 +156,7 @@ class JanusImageGenerator(Generator):
         return TransformersTarget(self.lm, capacity=capacity)
 
     def policy(self, spec, knobs: dict) -> FixedLength:
-        return FixedLength(knobs["window"] - 1 if spec.drafter is not None else 0)
+        return FixedLength(knobs["window"] - 1 if "window" in knobs else 0)
 
     def drafter(self, spec, knobs: dict, processing: Processing, policy, engine):
         if spec.drafter is None:
@@ -181,6 +183,9 @@ class JanusImageGenerator(Generator):
 
 def _load(path: str, dtype):
     from transformers import JanusForConditionalGeneration
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # keep stderr for our own lines (an error stays one line)
 
     try:
         return JanusForConditionalGeneration.from_pretrained(path, dtype=dtype, local_files_only=True).eval()

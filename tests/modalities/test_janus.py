@@ -121,3 +121,24 @@ def test_a_janus_folder_takes_text_prompts(janus, tmp_path):
     assert image.size == (pixels.shape[1], pixels.shape[0]) and image.mode == "RGB"
     with pytest.raises(InvalidRequest, match="no processor"):
         JanusImageGenerator(model=janus).generate("a red cat", method="ar")
+
+
+def test_generate_image_serves_a_janus_folder(janus, tmp_path, capsys):
+    import json
+
+    from PIL import Image
+
+    from specgen.app.cli import main
+
+    janus.save_pretrained(tmp_path / "janus")
+    _save_processor(tmp_path / "janus")
+    out = tmp_path / "cat.png"
+    args = ["generate", "image", "--model", str(tmp_path / "janus"), "--prompt", "a red cat", "--temperature", "0",
+            "--out", str(out), "--json"]
+    assert main([*args, "--method", "sjd", "--window", "6"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    expected = JanusImageGenerator(str(tmp_path / "janus")).generate("a red cat", method="ar", temperature=0)
+    assert record["tokens"] == expected.tokens[0] and record["stats"]["method"] == "sjd"
+    assert Image.open(out).mode == "RGB"
+    assert main([*args, "--method", "eagle"]) == 2  # Janus has no draft head: one error line
+    assert capsys.readouterr().err.strip().startswith("error: ")

@@ -202,3 +202,11 @@ def test_tetris_keyed_by_the_drafted_token_is_caught():
     """Negative control: ranking a token by its own draft probability lets its draw decide whether it is verified."""
     _, fit = _tetris_fit("drafted_token")
     assert fit.p_value < 1e-6, fit
+
+
+def test_the_length_schedule_knob_names_every_policy():
+    """The registry is torch-free, so it spells the schedules out; they must be the policies that exist."""
+    from specgen.samplers.policies import POLICIES
+    from specgen.samplers.registry import LENGTH_SCHEDULE
+
+    assert set(LENGTH_SCHEDULE.choices) == set(POLICIES)
