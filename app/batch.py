@@ -5,6 +5,8 @@ Out: {"id", "status": "ok"|"error", "result"|"error", "stats"}; an image item's 
      OUT-images/<id>.png beside OUT.jsonl (several samples: one grid), a video item's its GIF in OUT-videos/, a
      speech item's its WAV in OUT-audio/.
 
+"params" holds the request options of the modality (`specgen.app.request_options`: the same names, types and
+ranges as the `specgen generate` flags) and the method's knobs (`specgen.samplers.registry`).
 The whole input is validated before any work (exit 2 naming the line). Each result line is flushed and
 fsync'ed as it is written, so a killed run loses nothing; a rerun skips the ids already in the output.
 Per-item failures are recorded with status "error" and the run goes on. Items run one after another on one
@@ -16,24 +18,20 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specgen.app import request_options
 from specgen.app.jsonl import read_objects
 from specgen.errors import InvalidRequest, MissingExtra, ModelNotFound, SpecgenError
 from specgen.samplers import registry
 
 log = logging.getLogger(__name__)
 
-MAX_SEED = 2**63 - 1
-SOURCE_FIELDS = {"text": ("prompt",), "image": ("prompt", "class"), "video": ("prompt", "class"),
-                 "speech": ("text",)}
 KNOWN_FIELDS = {"id", "modality", "prompt", "class", "text", "method", "params", "seed", "category"}
-RUNNABLE = ("text", "image", "video", "speech")  # modalities this version generates
 
 
 @dataclass(frozen=True)
@@ -58,52 +56,11 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_int(name: str, value, low: int, high: int | None = None) -> int:
-    if not _is_int(value) or value < low or (high is not None and value > high):
-        bound = f"an integer >= {low}" if high is None else f"an integer between {low} and {high}"
-        raise InvalidRequest(f"{name} must be {bound}, got {json.dumps(value)}")
-    return value
-
-
-def _check_float(name: str, value, low: float, high: float | None = None, low_open: bool = False) -> float:
-    ok = (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
-    ok = ok and (value > low if low_open else value >= low) and (high is None or value <= high)
-    if not ok:
-        lo = f"({low:g}" if low_open else f"[{low:g}"
-        raise InvalidRequest(f"{name} must be a number in {lo}, {'inf)' if high is None else f'{high:g}]'}, "
-                             f"got {json.dumps(value)}")
-    return float(value)
-
-
-TEXT_OPTIONS = {  # generation options every text method takes (method knobs come from the registry)
-    "max_new_tokens": lambda v: _check_int("max_new_tokens", v, 1),
-    "temperature": lambda v: _check_float("temperature", v, 0.0),
-    "top_p": lambda v: _check_float("top_p", v, 0.0, 1.0, low_open=True),
-    "top_k": lambda v: _check_int("top_k", v, 0),
-    "num_samples": lambda v: _check_int("num_samples", v, 1),
-}
-
-
-IMAGE_OPTIONS = {  # generation options every image method takes
-    "temperature": TEXT_OPTIONS["temperature"],
-    "top_k": TEXT_OPTIONS["top_k"],
-    "guidance_scale": lambda v: _check_float("guidance_scale", v, 0.0),
-    "num_samples": TEXT_OPTIONS["num_samples"],
-}
-SPEECH_OPTIONS = {  # generation options every speech method takes
-    "voice": lambda v: v if isinstance(v, str) and v else _check_int("voice", v, 0),
-    "temperature": TEXT_OPTIONS["temperature"],
-    "top_k": TEXT_OPTIONS["top_k"],
-    "max_new_tokens": TEXT_OPTIONS["max_new_tokens"],
-}
-OPTIONS = {"text": TEXT_OPTIONS, "image": IMAGE_OPTIONS, "video": IMAGE_OPTIONS, "speech": SPEECH_OPTIONS}
-
-
 def _method_params(modality: str, method: str, params: dict) -> dict:
     """Validated params: generation options plus the method's knobs (unknown names are errors)."""
     spec = registry.get_method(modality, method)
-    table = OPTIONS[modality]
-    options = {name: table[name](value) for name, value in params.items() if name in table}
+    table = {name: option for name, option in request_options.fields(modality).items() if name != "seed"}
+    options = {name: table[name].check(value) for name, value in params.items() if name in table}
     knob_values = {name: value for name, value in params.items() if name not in table}
     if "seed" in knob_values:
         raise InvalidRequest('"seed" belongs at the top level of the line, not in "params"')
@@ -132,7 +89,7 @@ def parse_request(item: object, line: int, default_text_method: str | None = Non
     if modality not in registry.MODALITIES:
         raise InvalidRequest(f'unknown modality {json.dumps(modality)}; choose from: {", ".join(registry.MODALITIES)}'
                              if "modality" in item else 'missing "modality"')
-    allowed = SOURCE_FIELDS[modality]
+    allowed = request_options.SOURCE_FIELDS[modality]
     present = [name for name in ("prompt", "class", "text") if name in item]
     wrong = [name for name in present if name not in allowed]
     if wrong:
@@ -154,12 +111,10 @@ def parse_request(item: object, line: int, default_text_method: str | None = Non
     params = item.get("params", {})
     if not isinstance(params, dict):
         raise InvalidRequest(f'"params" must be a JSON object, got {json.dumps(params)}')
-    seed = item.get("seed", 0)
-    _check_int('"seed"', seed, 0, MAX_SEED)
-    if modality in OPTIONS:
-        text_default = default_text_method if modality == "text" else None  # the text model's own, when known
-        method = method or text_default or registry.default_method(modality)
-        params = _method_params(modality, method, params)  # unknown method names fail here too
+    seed = request_options.SEED.check(item.get("seed", request_options.SEED.default))
+    text_default = default_text_method if modality == "text" else None  # the text model's own, when known
+    method = method or text_default or registry.default_method(modality)
+    params = _method_params(modality, method, params)  # unknown method names fail here too
     return Request(line, item_id, modality, source_field, source, method, params, seed)
 
 
@@ -216,12 +171,6 @@ def done_ids(path: Path) -> set[str]:
 
 # ---- running -----------------------------------------------------------------------------------------------------
 
-def not_available(modality: str) -> str:
-    from specgen import __version__
-
-    return f"{modality} generation is not available in this version (specgen {__version__})"
-
-
 class Generators:
     """One generator per modality, each loaded on first use (`text` may be given ready-made)."""
 
@@ -269,8 +218,6 @@ def media_path(folder: Path, request: Request, suffix: str) -> Path:
 def run_item(generators, request: Request, media_stem: Path | str = "batch") -> dict:
     """One result record; every failure becomes an error record. `generators` is a `Generators` (or, for text
     only, one generator). Images go to MEDIA_STEM-images/, audio to MEDIA_STEM-audio/; the record names the file."""
-    if request.modality not in RUNNABLE:
-        return {"id": request.id, "status": "error", "error": not_available(request.modality), "stats": None}
     try:
         generator = generators.get(request.modality) if isinstance(generators, Generators) else generators
         result = generator.generate(str(request.source), method=request.method, seed=request.seed, **request.params)
@@ -476,15 +423,6 @@ def _run_ray(pending: list[Request], writer: ResultWriter, summary: Summary, mod
 
 
 def _schedule_ray(ray, pending, writer, summary, models: dict, workers, progress, media_stem) -> None:
-    runnable = [r for r in pending if r.modality in RUNNABLE]
-    for request in pending:  # nothing to schedule for modalities this version does not generate
-        if request.modality not in RUNNABLE:
-            record = run_item(None, request)
-            writer.write(record)
-            summary.add(request, record)
-            progress.update(1)
-    if not runnable:
-        return
 
     @ray.remote(num_cpus=models["threads"])
     class Worker:
@@ -494,9 +432,9 @@ def _schedule_ray(ray, pending, writer, summary, models: dict, workers, progress
         def run(self, request):
             return run_item(self.generators, request, media_stem)
 
-    count = max(1, min(workers, len(runnable)))
+    count = max(1, min(workers, len(pending)))
     actors = [Worker.remote() for _ in range(count)]
-    queue = list(runnable)
+    queue = list(pending)
     in_flight = {}
     for actor in actors:  # keep every actor busy; results are written in completion order
         if queue:
@@ -562,7 +500,7 @@ def run_batch(input_path, output_path, *, engine: str = "local", model: str | No
     media_stem = output_path.with_name(output_path.stem)  # OUT-images/ and OUT-audio/ beside OUT.jsonl
     started = time.perf_counter()
     if engine == "local":
-        for modality in sorted({r.modality for r in pending if r.modality in RUNNABLE}):
+        for modality in sorted({r.modality for r in pending}):
             generators.get(modality)  # a model that cannot load fails the run before anything is written
         if online_draft is not None and any(r.modality == "text" for r in pending):
             generators.get("text").learn_online(interval=online_draft)
@@ -588,12 +526,13 @@ def run_batch(input_path, output_path, *, engine: str = "local", model: str | No
 
 def batch_command(args) -> int:
     """The `specgen batch` handler: the summary table on stderr, `--json` puts the summary on stdout."""
+    speech_paths = tuple(getattr(args, f"speech_{part}", None) for part in ("model", "draft", "codec"))
     summary = run_batch(args.input, args.output, engine=args.engine, model=getattr(args, "model", None),
                         draft=getattr(args, "draft", None), threads=args.threads,
                         image_model=getattr(args, "image_model", None), image_vq=getattr(args, "image_vq", None),
-                        video_model=getattr(args, "video_model", None), online_draft=getattr(args, "online_draft", None),
-                        rows=getattr(args, "rows", 1),
-                        speech_paths=tuple(getattr(args, f"speech_{part}", None) for part in ("model", "draft", "codec")))
+                        video_model=getattr(args, "video_model", None),
+                        online_draft=getattr(args, "online_draft", None), rows=getattr(args, "rows", 1),
+                        speech_paths=speech_paths)
     print(summary_table(summary), file=sys.stderr)
     if getattr(args, "json", False):
         print(json.dumps(summary))

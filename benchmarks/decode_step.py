@@ -33,7 +33,8 @@ def main() -> None:
 
     import torch
 
-    from specgen.app.bench.text import save_record, script_record
+    from specgen.app.bench.records import script_record
+    from specgen.app.bench.report import save_record
     from specgen.modalities.text.generator import load_causal_lm
     from specgen.modalities.runtime.transformers_adapter import TransformersTarget
 

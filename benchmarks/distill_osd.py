@@ -217,7 +217,7 @@ def main() -> None:
         parser.error(f"--arms takes names from {', '.join(ARMS)}")
     if args.prompts < LAST:
         parser.error(f"--prompts must be at least {LAST}")
-    from specgen.modalities.text.distill.online import OnlineDistiller, run_stream
+    from specgen.modalities.text.training.distill.online import OnlineDistiller, run_stream
     from specgen.modalities.text.generator import TextGenerator
 
     torch.manual_seed(SEED)

@@ -30,7 +30,8 @@ def main() -> None:
 
     import torch
 
-    from specgen.app.bench.text import save_record, script_record
+    from specgen.app.bench.records import script_record
+    from specgen.app.bench.report import save_record
     from specgen.kernels import int8_rows
     from specgen.modalities.text import gemma
     from specgen.modalities.runtime.transformers_adapter import TransformersTarget

@@ -69,12 +69,12 @@ def main() -> None:
     import torch
 
     from specgen.modalities.speech import codec
-    from specgen.modalities.speech.training.alignment import load_durations
-    from specgen.modalities.speech.training.evaluate import Recogniser, _words, word_error_rate
     from specgen.modalities.speech.generator import SpeechGenerator
     from specgen.modalities.speech.models import default_paths, load_speech_lm, load_speech_vocab
-    from specgen.modalities.speech.training.quality import load_corpus, split_corpus
+    from specgen.modalities.speech.training.alignment import load_durations
     from specgen.modalities.speech.training.codebook import VAL_UTTERANCES
+    from specgen.modalities.speech.training.evaluate import Recogniser, _words, word_error_rate
+    from specgen.modalities.speech.training.quality import load_corpus, split_corpus
 
     from specgen.settings import use_threads
 

@@ -16,7 +16,7 @@ import torch
 from specgen.errors import InvalidRequest
 from specgen.samplers import loop
 from specgen.samplers.acceptance import make_rule
-from specgen.samplers.policies import make_policy
+from specgen.samplers.length_policies import make_policy
 from specgen.samplers.processing import Processing
 from specgen.samplers.registry import MethodSpec, default_method, get_method
 from specgen.samplers.stats import SpecStats
@@ -144,7 +144,7 @@ def build_pipeline(generator: Generator, method: str | None, prompts: Sequence[t
     engine = generator.engine(generator.capacity(spec, knobs, prompts, max_new_tokens))
     drafter = generator.drafter(spec, knobs, processing, policy, engine)
     if knobs.get("verify_capacity"):  # TETRIS: the batch verifies only its most promising drafted tokens
-        from specgen.samplers.length_policies import TetrisDrafter
+        from specgen.samplers.tetris import TetrisDrafter
 
         drafter = TetrisDrafter(drafter, knobs["verify_capacity"], knobs["capacity_estimate"])
     rule = make_rule(spec.rule, processing, **generator.rule_options(spec, knobs, drafter))

@@ -21,7 +21,7 @@ from specgen.errors import InvalidRequest
 from specgen.samplers.noise import chain_noise, tree_noise
 from specgen.samplers.processing import Processing, prefix_routes
 from specgen.samplers.protocols import AcceptanceRule, Drafter, LengthPolicy, TargetModel
-from specgen.samplers.policies import FixedLength
+from specgen.samplers.length_policies import FixedLength
 from specgen.samplers.stats import SpecStats
 from specgen.samplers.types import AcceptanceNoise, DecodeContext, Draft, DraftTree, StepEvent, Verdict
 

@@ -59,7 +59,7 @@ class MethodSpec:
     summary: str
     drafter: str | None  # None: plain autoregressive decoding, no draft
     rule: str  # key into samplers.acceptance.RULES ("none" for plain decoding)
-    policy: str = "fixed"  # key into samplers.policies.POLICIES
+    policy: str = "fixed"  # key into samplers.length_policies.POLICIES
     paper: str = ""
     knobs: tuple[Knob, ...] = field(default_factory=tuple)
 
@@ -80,7 +80,7 @@ LENGTH_SCHEDULE = ChoiceKnob("length_schedule", str, "fixed",
                              "'fixed'; 'heuristic' (+2 when all drafts are accepted, -1 otherwise); 'svip' (stop at a "
                              "draft entropy bound); 'kangaroo' (stop below a draft confidence); 'cost' (the length "
                              "the measured cost model predicts fastest)",
-                             choices=("fixed", "heuristic", "svip", "kangaroo", "cost"))  # samplers/policies.py
+                             choices=("fixed", "heuristic", "svip", "kangaroo", "cost"))  # samplers/length_policies.py
 # 5 as vLLM's prompt_lookup_max: on the bench prompts longer matches change nothing, shorter ones lose
 NGRAM_SIZE = Knob("max_matching_ngram_size", int, 5, "longest n-gram looked up in the context", 1, 16)
 # TETRIS (Wu et al., arXiv 2502.15197) wraps any chain drafter when several rows decode together (num_samples,

@@ -16,7 +16,7 @@ from specgen.samplers.chisquare import goodness_of_fit
 from specgen.samplers.loop import generate
 from specgen.samplers.oracle import (chain_proposals, exact_output, jacobi_output, max_abs_diff, target_joint,
                                      tree_proposals)
-from specgen.samplers.policies import FixedLength
+from specgen.samplers.length_policies import FixedLength
 from specgen.samplers.processing import Processing
 from specgen.samplers.toy import GuidedTableLM, TableDrafter, TableLM, TableTarget
 

@@ -14,17 +14,17 @@ prompt); at temperature 1 the methods are exact by construction (tests/samplers/
 from __future__ import annotations
 
 import json
+import math
 import statistics
-import sys
-import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-from specgen import settings
-from specgen.app.bench.text import (Prompt, _cpu_model, _load, benchmarks_dir, bootstrap_median_ci, load_prompts,
-                                    source_state)
+from specgen.app.bench.prompts import Prompt, load_prompts
+from specgen.app.bench.records import RunStart, benchmarks_dir, record_dirs, run_env, start_run
+from specgen.app.bench.report import Written, command_line, fmt, font, print_outcome, run_line, write_record
+from specgen.app.bench.runner import progress, rounds
+from specgen.app.bench.stats import median_ci
 from specgen.errors import InvalidRequest
 from specgen.samplers.registry import get_method, method_names
 
@@ -53,9 +53,9 @@ def token_entropy(generator, prompt: str, tokens: list[int]) -> float:
 
 def run_bench_image(*, prompts_path: Path | None = None, methods: list[str] | None = None, repeats: int = 1,
                     windows=None, generator=None, samples_out: Path | None = None, modality: str = "image",
-                    model: str | Path | None = None) -> dict:
-    from tqdm import tqdm
-
+                    model: str | Path | None = None, start: RunStart | None = None) -> dict:
+    """Every prompt and repeat: `ar`, then every Jacobi method at every window, same seed; then per prompt the
+    greedy exactness check. `samples_out`: where the first repeat's images are drawn, one row per method."""
     from specgen.modalities.image.generator import ImageGenerator
 
     generator = generator or ImageGenerator(model, video=modality == "video")
@@ -69,50 +69,52 @@ def run_bench_image(*, prompts_path: Path | None = None, methods: list[str] | No
     if "ar" not in methods:
         methods.insert(0, "ar")  # the baseline of every ratio
     jacobi = [m for m in methods if get_method(modality, m).drafter is not None]
-    tokens_per_image = generator.vocab.image_tokens
-    load_before = _load()
+    start = start or start_run()
     generator.generate(prompts[0].prompt, method="ar")  # warm-up: first-call allocations
-    runs, exact, entropy, window_s = [], [], {}, {}
-    total = len(prompts) * repeats * (1 + len(jacobi) * len(windows)) + len(prompts) * (1 + len(jacobi))
-    gallery = {}
-    with tqdm(total=total, desc=f"bench {modality}", unit="run", file=sys.stderr) as progress:
-        for prompt in prompts:
+    variants = [("ar", 1), *((method, L) for method in jacobi for L in windows)]
+    runs, exact, entropy, window_s, gallery = [], [], {}, {}, {}
+    bar = progress(len(prompts) * (repeats * len(variants) + 1 + len(jacobi)), f"bench {modality}")
+    for round_ in rounds(prompts, variants, repeats, rotate=False):  # ar first: every run is measured against it
+        prompt = round_.prompt
+        if round_.repeat == 0:
             window_s[prompt.id] = {L: generator.measure_window_s(prompt.prompt, L, repeats=WINDOW_REPEATS)
                                    for L in (1, *windows)}
-            for repeat in range(repeats):
-                ar = generator.generate(prompt.prompt, method="ar", seed=repeat)
-                progress.update(1)
-                if repeat == 0:
-                    entropy[prompt.id] = token_entropy(generator, prompt.prompt, ar.tokens[0])
-                    gallery.setdefault("ar", []).append(ar.image)
-                runs.append(_record(prompt, repeat, "ar", 1, ar, ar))
-                for method in jacobi:
-                    for L in windows:
-                        result = generator.generate(prompt.prompt, method=method, seed=repeat, window=L)
-                        runs.append(_record(prompt, repeat, method, L, result, ar))
-                        if repeat == 0 and L == max(windows):
-                            gallery.setdefault(method, []).append(result.image)
-                        progress.update(1)
-            greedy = generator.generate(prompt.prompt, method="ar", temperature=0).tokens[0]
-            progress.update(1)
-            for method in jacobi:
-                out = generator.generate(prompt.prompt, method=method, temperature=0).tokens[0]
-                exact.append({"prompt": prompt.id, "method": method, "identical_to_ar": out == greedy})
-                progress.update(1)
-    load_after = _load()
-    result = summarise(runs, exact, entropy, window_s, prompts, methods, windows, tokens_per_image)
+        for method, L in round_.order:
+            result = generator.generate(prompt.prompt, method=method, seed=round_.repeat,
+                                        **({"window": L} if method != "ar" else {}))
+            if method == "ar":
+                ar = result
+            runs.append(_record(prompt, round_.repeat, method, L, result, ar))
+            if round_.repeat == 0 and method == "ar":
+                entropy[prompt.id] = token_entropy(generator, prompt.prompt, ar.tokens[0])
+            if round_.repeat == 0 and (method == "ar" or L == max(windows)):
+                gallery.setdefault(method, []).append(result.image)
+            bar.update(1)
+        if round_.last:
+            exact += _greedy_exactness(generator, prompt, jacobi, bar)
+    bar.close()
+    result = summarise(runs, exact, entropy, window_s, prompts, methods, windows, generator.vocab.image_tokens)
     result["modality"], result["frames"] = modality, generator.vocab.frames
-    result["env"] = {
-        "timestamp_utc": datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"), **source_state(),
-        "prompts": str(prompts_path), "repeats": repeats, "windows": list(windows), "threads": torch.get_num_threads(),
-        "cpu_model": _cpu_model(), "settings": settings.snapshot(), "load_before": load_before,
-        "load_after": load_after, "torch": torch.__version__,
-        "sampling": {"temperature": 1.0, "top_k": generator.processing().top_k,
-                     "guidance_scale": generator.processing().guidance_scale},
-        "model": str(generator.model_path), "vq": str(generator.vq_path)}
+    processing = generator.processing()
+    result["env"] = run_env(start, prompts=str(prompts_path), repeats=repeats, windows=list(windows),
+                            sampling={"temperature": 1.0, "top_k": processing.top_k,
+                                      "guidance_scale": processing.guidance_scale},
+                            model=str(generator.model_path), vq=str(generator.vq_path))
     if samples_out is not None:
         _save_gallery(gallery, [p.id for p in prompts], samples_out)
     return result
+
+
+def _greedy_exactness(generator, prompt: Prompt, jacobi: list[str], bar) -> list[dict]:
+    """At temperature 0 every Jacobi method must reproduce `ar` token for token."""
+    greedy = generator.generate(prompt.prompt, method="ar", temperature=0).tokens[0]
+    bar.update(1)
+    exact = []
+    for method in jacobi:
+        out = generator.generate(prompt.prompt, method=method, temperature=0).tokens[0]
+        exact.append({"prompt": prompt.id, "method": method, "identical_to_ar": out == greedy})
+        bar.update(1)
+    return exact
 
 
 def _record(prompt: Prompt, repeat: int, method: str, window: int, result, ar) -> dict:
@@ -132,8 +134,7 @@ def summarise(runs, exact, entropy, window_s, prompts, methods, windows, tokens_
     for (method, window), items in by.items():
         predicted = [i["step_compression"] * window_s[i["prompt"]][1] / window_s[i["prompt"]][window] for i in items]
         speedups = [i["speedup"] for i in items]
-        median, low, high = bootstrap_median_ci(speedups)
-        ci = [low, high] if len(speedups) > 1 else None
+        median, ci = median_ci(speedups)
         changed = [i["changed_per_step"] for i in items if i["changed_per_step"] is not None]
         table.append({"method": method, "window": window, "runs": len(items),
                       "steps": statistics.median(i["steps"] for i in items),
@@ -184,18 +185,12 @@ def _median_stats(stats: list[dict]) -> dict:
     return out
 
 
-def _f(value, digits=2, suffix=""):
-    return "—" if value is None else f"{value:.{digits}f}{suffix}"
-
-
 def render_markdown(result: dict, plot_name: str | None, samples_name: str | None) -> str:
     env = result["env"]
     modality = result.get("modality", "image")
     unit = "video" if modality == "video" else "image"
     lines = [f"# specgen bench {modality}", "",
-             f"{env['timestamp_utc']} · commit {(env.get('git_commit') or '?')[:12]}"
-             f"{' (with uncommitted changes)' if env.get('git_dirty') else ''} · {env['cpu_model']} · "
-             f"{env['threads']} thread(s) · load {env.get('load_before')} → {env.get('load_after')}", "",
+             run_line(env), "",
              f"Sampling: temperature {env['sampling']['temperature']}, top-k {env['sampling']['top_k']}, "
              f"guidance {env['sampling']['guidance_scale']}; {result['tokens_per_image']} tokens per {unit}"
              + (f" ({result['frames']} frames)" if result.get("frames", 1) > 1 else "") + "; "
@@ -203,17 +198,17 @@ def render_markdown(result: dict, plot_name: str | None, samples_name: str | Non
              "## Best window per method", "",
              "| method | best L | step compression | speedup vs ar | measured / predicted |", "|---|---|---|---|---|"]
     for method, row in result["best"].items():
-        lines.append(f"| `{method}` | {row['window']} | {_f(row['step_compression'])}× | {_f(row['speedup'])}× | "
-                     f"{_f(row['measured_over_predicted'])} |")
+        lines.append(f"| `{method}` | {row['window']} | {fmt(row['step_compression'])}× | {fmt(row['speedup'])}× | "
+                     f"{fmt(row['measured_over_predicted'])} |")
     lines += ["", "## Every window", "",
               "| method | L | steps | step compression | τ | changed / step | speedup (95% CI) | predicted | T_window |",
               "|---|---|---|---|---|---|---|---|---|"]
     for row in sorted(result["table"], key=lambda r: (r["method"] != "ar", r["method"], r["window"])):
         ci = row["speedup_ci95"]
         ci_text = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
-        lines.append(f"| `{row['method']}` | {row['window']} | {row['steps']:.0f} | {_f(row['step_compression'])}× | "
-                     f"{_f(row['tau'])} | {_f(row['changed_per_step'], 1)} | {_f(row['speedup'])}×{ci_text} | "
-                     f"{_f(row['predicted_speedup'])}× | {1e3 * result['window_s'][str(row['window'])]:.1f} ms |")
+        lines.append(f"| `{row['method']}` | {row['window']} | {row['steps']:.0f} | {fmt(row['step_compression'])}× | "
+                     f"{fmt(row['tau'])} | {fmt(row['changed_per_step'], 1)} | {fmt(row['speedup'])}×{ci_text} | "
+                     f"{fmt(row['predicted_speedup'])}× | {1e3 * result['window_s'][str(row['window'])]:.1f} ms |")
     lines += ["", "## Per category", "", "| category | prompts | mean token entropy (nats) | step compression at best L |",
               "|---|---|---|---|"]
     for name, cat in result["categories"].items():
@@ -234,20 +229,15 @@ def render_markdown(result: dict, plot_name: str | None, samples_name: str | Non
 def plot_png(path: Path, result: dict) -> None:
     """Two panels over log2(L): wall-clock speedup (solid: measured, dotted: predicted) and step compression.
     Drawn with Pillow (matplotlib is not a dependency)."""
-    from PIL import Image, ImageDraw, ImageFont
+    from PIL import Image, ImageDraw
 
-    try:
-        font = ImageFont.load_default(size=13)
-    except TypeError:
-        font = ImageFont.load_default()
+    label_font = font(13)
     colours = [(70, 130, 180), (200, 90, 40), (60, 150, 80), (150, 70, 160)]
     methods = sorted({r["method"] for r in result["table"]} - {"ar"})
     windows = sorted({r["window"] for r in result["table"] if r["method"] != "ar"})
     panel_w, panel_h, pad = 460, 300, 50
     image = Image.new("RGB", (2 * panel_w + 3 * pad, panel_h + 2 * pad + 20 * (len(methods) + 1)), "white")
     draw = ImageDraw.Draw(image)
-    import math
-
     for panel, (key, title) in enumerate((("speedup", "wall-clock speedup over ar (dotted: predicted)"),
                                           ("step_compression", "step compression (AR steps / steps)"))):
         left, top = pad + panel * (panel_w + pad), pad
@@ -258,14 +248,14 @@ def plot_png(path: Path, result: dict) -> None:
         x = lambda L: left + (math.log2(L) - math.log2(windows[0])) / max(1e-9, math.log2(windows[-1] / windows[0])) * panel_w  # noqa: E731
         y = lambda v: top + panel_h - v / high * panel_h  # noqa: E731
         draw.rectangle([left, top, left + panel_w, top + panel_h], outline="black")
-        draw.text((left, top - 20), title, fill="black", font=font)
+        draw.text((left, top - 20), title, fill="black", font=label_font)
         draw.line([left, y(1.0), left + panel_w, y(1.0)], fill=(170, 170, 170))
         for tick in (0.5, 1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32):
             if tick < high:
                 draw.line([left - 4, y(tick), left, y(tick)], fill="black")
-                draw.text((left - 34, y(tick) - 7), f"{tick:g}x", fill="black", font=font)
+                draw.text((left - 34, y(tick) - 7), f"{tick:g}x", fill="black", font=label_font)
         for L in windows:
-            draw.text((x(L) - 6, top + panel_h + 4), str(L), fill="black", font=font)
+            draw.text((x(L) - 6, top + panel_h + 4), str(L), fill="black", font=label_font)
         for colour, method in zip(colours, methods):
             rows = sorted((r for r in result["table"] if r["method"] == method), key=lambda r: r["window"])
             points = [(x(r["window"]), y(r[key])) for r in rows]
@@ -275,10 +265,10 @@ def plot_png(path: Path, result: dict) -> None:
                     draw.line([x(a["window"]), y(a["predicted_speedup"]), x(b["window"]), y(b["predicted_speedup"])],
                               fill=colour, width=1)
     legend_top = panel_h + 2 * pad
-    draw.text((pad, legend_top - 16), "window L (log scale)", fill="black", font=font)
+    draw.text((pad, legend_top - 16), "window L (log scale)", fill="black", font=label_font)
     for i, (colour, method) in enumerate(zip(colours, methods)):
         draw.rectangle([pad, legend_top + 8 + 20 * i, pad + 14, legend_top + 20 + 20 * i], fill=colour)
-        draw.text((pad + 20, legend_top + 6 + 20 * i), method, fill="black", font=font)
+        draw.text((pad + 20, legend_top + 6 + 20 * i), method, fill="black", font=label_font)
     image.save(path)
 
 
@@ -299,45 +289,25 @@ def _save_gallery(gallery: dict, prompt_ids: list[str], path: Path) -> None:
     sheet.resize((sheet.width * 2, sheet.height * 2), Image.NEAREST).save(path)
 
 
-def write_outputs(result: dict, out_dir: Path, plot: bool = True, latest_dir: Path | None = None) -> dict[str, Path]:
-    """bench-MODALITY-STAMP.* in `out_dir`, MODALITY-latest.* in `latest_dir` (default: the same folder)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp, modality = result["env"]["timestamp_utc"], result.get("modality", "image")
-    paths = {"json": out_dir / f"bench-{modality}-{stamp}.json", "md": out_dir / f"bench-{modality}-{stamp}.md"}
-    plot_name = None
-    if plot:
-        paths["png"] = out_dir / f"bench-{modality}-{stamp}.png"
-        plot_png(paths["png"], result)
-        plot_name = paths["png"].name
-    samples = out_dir / f"bench-{modality}-{stamp}-samples.png"
-    samples_name = samples.name if samples.exists() else None
-    paths["json"].write_text(json.dumps(result, indent=1) + "\n")
-    paths["md"].write_text(render_markdown(result, plot_name, samples_name))
-    write_latest(result, paths, latest_dir or out_dir, samples if samples_name else None)
-    return paths
-
-
-def write_latest(result: dict, paths: dict[str, Path], out_dir: Path, samples: Path | None) -> None:
-    """MODALITY-latest.* in `out_dir`; the latest report points at the latest plot and samples."""
-    import shutil
-
-    latest = f"{result.get('modality', 'image')}-latest"
-    for kind in ("json", "png"):
-        if kind in paths:
-            shutil.copyfile(paths[kind], out_dir / f"{latest}.{kind}")
-    if samples is not None:
-        shutil.copyfile(samples, out_dir / f"{latest}-samples.png")
-    (out_dir / f"{latest}.md").write_text(render_markdown(
-        result, f"{latest}.png" if "png" in paths else None,
-        f"{latest}-samples.png" if samples is not None else None))
+def write_outputs(result: dict, out_dir: Path, plot: bool = True, latest_dir: Path | None = None) -> Written:
+    """bench-MODALITY-STAMP.* in `out_dir`, MODALITY-latest.* in `latest_dir` (default: the same folder); the sample
+    sheet the run drew beside them (bench-MODALITY-STAMP-samples.png) is linked and copied too."""
+    stem = f"bench-{result.get('modality', 'image')}-{result['env']['timestamp_utc']}"
+    figures = {"png": lambda path: plot_png(path, result)} if plot else {}
+    samples = out_dir / f"{stem}-samples.png"
+    if samples.exists():
+        figures["samples"] = samples
+    return write_record(result, out_dir, stem, lambda names: render_markdown(result, names.get("png"),
+                                                                             names.get("samples")),
+                        figures, f"{result.get('modality', 'image')}-latest", latest_dir)
 
 
 def bench_image(args) -> int:
+    """`specgen bench image|video`; for image, the draft head's methods (eagle, lantern, lantern++) among
+    --methods run in the head's bench (`lantern`)."""
     modality = getattr(args, "modality", "image")
     if getattr(args, "max_new_tokens", None) is not None:
         raise InvalidRequest(f"--max-new-tokens does not apply to {modality}: every run generates one whole {modality}")
-    from specgen.app.bench.text import record_dirs
-
     out_dir, latest_dir = record_dirs(getattr(args, "out_dir", None))
     if modality == "image":
         from specgen.app.bench.lantern import HEAD_METHODS, bench_lantern
@@ -350,19 +320,11 @@ def bench_image(args) -> int:
                     print(json.dumps(result))
                 return 0  # only head methods were asked for
         args.methods = [m for m in args.methods if m not in HEAD_METHODS] if args.methods else None
-    started = time.perf_counter()
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    start = start_run()
     result = run_bench_image(prompts_path=args.prompts, methods=args.methods, repeats=args.repeats,
                              windows=getattr(args, "windows", None), modality=modality,
-                             model=getattr(args, "model", None),
-                             samples_out=Path(out_dir) / f"bench-{modality}-{stamp}-samples.png")
-    result["env"]["timestamp_utc"] = stamp
-    result["env"]["command"] = "specgen " + " ".join(getattr(args, "argv", []))
-    result["env"]["wall_s"] = time.perf_counter() - started
-    paths = write_outputs(result, Path(out_dir), latest_dir=latest_dir)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(paths["md"].read_text())
-    print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
+                             model=getattr(args, "model", None), start=start,
+                             samples_out=out_dir / f"bench-{modality}-{start.timestamp}-samples.png")
+    result["env"]["command"] = command_line(args)
+    print_outcome(result, write_outputs(result, out_dir, latest_dir=latest_dir), args.json)
     return 0

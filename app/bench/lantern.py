@@ -1,7 +1,7 @@
 """`specgen bench image` for the draft head's methods: plain decoding, exact tree decoding with the EAGLE-style
 head (`eagle`), LANTERN (delta) and LANTERN++ at each lambda of the sweep, side by side in one process on
-`benchmarks/prompts/image.jsonl`. Writes benchmarks/bench-image-lantern-STAMP.{json,md,png} and
-image-lantern-latest.*.
+`benchmarks/prompts/image.jsonl`. Writes bench-image-lantern-STAMP.{json,md,png} under $SPECGEN_HOME/runs and
+copies it as benchmarks/image-lantern-latest.* (`--out-dir DIR`: both in DIR).
 
 Speed: per prompt and repeat every setting runs once after `ar`, same seed; reported per setting: steps, tau
 (tokens per step), the share of accepted codes the exact test would have rejected, and the wall-clock speedup
@@ -21,15 +21,17 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from specgen import settings
-from specgen.app.bench.text import _cpu_model, _load, benchmarks_dir, bootstrap_median_ci, load_prompts, source_state
+from specgen.app.bench.prompts import load_prompts
+from specgen.app.bench.records import benchmarks_dir, record_dirs, run_env, start_run
+from specgen.app.bench.report import command_line, font, run_line, write_record
+from specgen.app.bench.runner import progress as progress_bar
+from specgen.app.bench.runner import rounds
+from specgen.app.bench.stats import median_ci
 
 HEAD_METHODS = ("eagle", "lantern", "lantern++")
 LAMBDAS = (1.5, 2.0, 3.0, 5.0, 10.0)
@@ -56,35 +58,40 @@ def label(method: str, knobs: dict) -> str:
 
 
 def run_speed(generator, prompts, chosen, repeats: int, shape: str | None, progress) -> dict:
+    """Per prompt: greedy `eagle` against greedy `ar` (exactness), then every repeat `ar` and every setting with
+    the repeat's seed, each setting's speedup measured against the `ar` run of its round."""
     runs, exact = [], []
     extra = {"shape": shape} if shape else {}
-    for prompt in prompts:
-        ar_greedy = generator.generate(prompt.prompt, method="ar", temperature=0.0, seed=0)
-        if any(m == "eagle" for m, _ in chosen):
-            eagle_greedy = generator.generate(prompt.prompt, method="eagle", temperature=0.0, seed=0, **extra)
-            exact.append({"prompt": prompt.id, "identical_to_ar": eagle_greedy.tokens == ar_greedy.tokens})
-        for repeat in range(repeats):
-            ar = generator.generate(prompt.prompt, method="ar", seed=repeat)
+    for round_ in rounds(prompts, [("ar", {}), *chosen], repeats, rotate=False):
+        prompt, repeat = round_.prompt, round_.repeat
+        if repeat == 0:
+            ar_greedy = generator.generate(prompt.prompt, method="ar", temperature=0.0, seed=0)
+            if any(m == "eagle" for m, _ in chosen):
+                eagle_greedy = generator.generate(prompt.prompt, method="eagle", temperature=0.0, seed=0, **extra)
+                exact.append({"prompt": prompt.id, "identical_to_ar": eagle_greedy.tokens == ar_greedy.tokens})
+        for method, knobs in round_.order:
+            result = generator.generate(prompt.prompt, method=method, seed=repeat,
+                                        **({} if method == "ar" else {**knobs, **extra}))
             progress.update(1)
-            for method, knobs in chosen:
-                result = generator.generate(prompt.prompt, method=method, seed=repeat, **knobs, **extra)
-                stats = result.stats
-                runs.append({"prompt": prompt.id, "category": prompt.category, "repeat": repeat,
-                             "setting": label(method, knobs), "method": method, "knobs": knobs,
-                             "steps": stats["steps"], "tau": stats["tau"], "wall_s": stats["wall_s"],
-                             "relaxed_share": stats.get("relaxed_share"),
-                             "speedup": ar.stats["wall_s"] / stats["wall_s"], "ar_wall_s": ar.stats["wall_s"]})
-                progress.update(1)
+            if method == "ar":
+                ar = result
+                continue
+            stats = result.stats
+            runs.append({"prompt": prompt.id, "category": prompt.category, "repeat": repeat,
+                         "setting": label(method, knobs), "method": method, "knobs": knobs,
+                         "steps": stats["steps"], "tau": stats["tau"], "wall_s": stats["wall_s"],
+                         "relaxed_share": stats.get("relaxed_share"),
+                         "speedup": ar.stats["wall_s"] / stats["wall_s"], "ar_wall_s": ar.stats["wall_s"]})
     table = []
     for name in dict.fromkeys(r["setting"] for r in runs):
         items = [r for r in runs if r["setting"] == name]
-        median, low, high = bootstrap_median_ci([r["speedup"] for r in items])
+        median, ci = median_ci([r["speedup"] for r in items])
         shares = [r["relaxed_share"] for r in items if r["relaxed_share"] is not None]
         table.append({"setting": name, "method": items[0]["method"], "knobs": items[0]["knobs"], "runs": len(items),
                       "steps": statistics.median(r["steps"] for r in items),
                       "tau": statistics.median(r["tau"] for r in items),
                       "relaxed_share": statistics.median(shares) if shares else None,
-                      "speedup": median, "speedup_ci95": [low, high] if len(items) > 1 else None})
+                      "speedup": median, "speedup_ci95": ci})
     return {"table": table, "items": runs, "exactness": exact,
             "all_identical_to_ar": all(e["identical_to_ar"] for e in exact)}
 
@@ -92,7 +99,7 @@ def run_speed(generator, prompts, chosen, repeats: int, shape: str | None, progr
 # ---- quality ------------------------------------------------------------------------------------------------------
 
 def quality_prompts(n: int):
-    from specgen.modalities.image.data import make_item
+    from specgen.modalities.image.training.images import make_item
 
     items = [make_item(i, split="val") for i in range(max(1, n // SAMPLES_PER_PROMPT))]
     return [(item.prompt, item.cls) for item in items]
@@ -100,7 +107,7 @@ def quality_prompts(n: int):
 
 def sample_set(generator, method: str, knobs: dict, n: int, seed: int, cache: Path, progress) -> np.ndarray:
     """Codes [n, 256] of `method` over the quality prompts, cached per prompt (resumable)."""
-    from specgen.modalities.checkpoints import atomic_write
+    from specgen.modalities.training import atomic_write
 
     folder = cache / f"{label(method, knobs).replace(' ', '_')}-seed{seed}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -133,10 +140,10 @@ def run_quality(generator, chosen, n: int, cache: Path, progress, extra: dict | 
     """`extra`: knobs every setting is generated with (the tree shape); results are named as in the speed table."""
     extra = extra or {}
     from specgen.modalities.image.models import assets_dir
-    from specgen.modalities.image.quality import classifier as clf
-    from specgen.modalities.image.quality.frechet import frechet_distance
+    from specgen.modalities.image.training.quality import classifier as clf
+    from specgen.modalities.image.training.quality.frechet import frechet_distance
     from specgen.modalities.image import vq as vq_codec
-    from specgen.modalities.image.data import make_dataset
+    from specgen.modalities.image.training.images import make_dataset
 
     model = clf.load(assets_dir() / "classifier")
     names = {name: i for i, name in enumerate(clf.class_names())}
@@ -198,9 +205,9 @@ def _ascii(name: str) -> str:
 def plot_frontier(path: Path, result: dict) -> None:
     """Speedup over ar against the FD excess over AR (with the allowed excess shaded), or against lambda when
     quality was not measured. Pillow only."""
-    from PIL import Image, ImageDraw, ImageFont
+    from PIL import Image, ImageDraw
 
-    font = ImageFont.load_default(size=13) if hasattr(ImageFont, "load_default") else None
+    label_font = font(13)
     quality = result.get("quality")
     rows = [r for r in result["speed"]["table"] if not quality or r["setting"] in quality["settings"]]
     w, h, pad = 620, 380, 60
@@ -217,26 +224,24 @@ def plot_frontier(path: Path, result: dict) -> None:
     for tick in (0.5, 1, 1.5, 2, 3, 4):
         if tick < high_y:
             draw.line([pad, y(tick), pad + w, y(tick)], fill=(220, 220, 220) if tick != 2 else (200, 120, 120))
-            draw.text((pad - 34, y(tick) - 7), f"{tick:g}x", fill="black", font=font)
+            draw.text((pad - 34, y(tick) - 7), f"{tick:g}x", fill="black", font=label_font)
     title = ("speedup over ar vs FD excess over AR (green: allowed)" if quality
              else "speedup over ar per setting (run with --quality-samples for the FD axis)")
-    draw.text((pad, pad - 24), title, fill="black", font=font)
+    draw.text((pad, pad - 24), title, fill="black", font=label_font)
     for value, row in zip(xs, rows):
         cx, cy = x(value), y(row["speedup"])
         draw.ellipse([cx - 5, cy - 5, cx + 5, cy + 5], fill=(70, 130, 180))
-        draw.text((cx + 7, cy - 7), _ascii(row["setting"]), fill="black", font=font)
+        draw.text((cx + 7, cy - 7), _ascii(row["setting"]), fill="black", font=label_font)
     if quality:
         for value in (low_x, high_x):
-            draw.text((x(value) - 10, pad + h + 6), f"{value:.2f}", fill="black", font=font)
+            draw.text((x(value) - 10, pad + h + 6), f"{value:.2f}", fill="black", font=label_font)
     image.save(path)
 
 
 def render_markdown(result: dict, plot_name: str | None) -> str:
     env, speed = result["env"], result["speed"]
     lines = ["# specgen bench image: EAGLE head, LANTERN, LANTERN++", "",
-             f"{env['timestamp_utc']} · commit {(env.get('git_commit') or '?')[:12]}"
-             f"{' (with uncommitted changes)' if env.get('git_dirty') else ''} · {env['cpu_model']} · "
-             f"{env['threads']} thread(s) · load {env.get('load_before')} → {env.get('load_after')}", "",
+             run_line(env), "",
              f"Command: `{env.get('command', '')}` · tree `{env['shape']}` · neighbours k = {env['neighbours']} · "
              f"{len(result['prompts'])} prompts × {env['repeats']} repeat(s); temperature 1, top-k 50, guidance 3.",
              "", "| setting | steps | τ | relaxed share | speedup vs ar [95 % CI] |", "|---|---|---|---|---|"]
@@ -272,13 +277,14 @@ def render_markdown(result: dict, plot_name: str | None) -> str:
 
 
 def bench_lantern(args, methods) -> dict:
-    from tqdm import tqdm
-
+    """The head's methods (`methods`, among HEAD_METHODS) with the image bench's arguments; writes
+    bench-image-lantern-STAMP.* and image-lantern-latest.*."""
     from specgen.modalities.assets import cache_dir
     from specgen.modalities.image.generator import ImageGenerator
     from specgen.samplers.registry import get_method
 
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    start = start_run()
+    out_dir, latest_dir = record_dirs(getattr(args, "out_dir", None))
     generator = ImageGenerator(getattr(args, "model", None), head=getattr(args, "head", None), threads=args.threads)
     if generator.modality != "image":
         from specgen.errors import InvalidRequest
@@ -288,43 +294,42 @@ def bench_lantern(args, methods) -> dict:
     chosen = method_settings(methods, args.lambdas or LAMBDAS, args.deltas or DELTAS)
     shape = getattr(args, "shape", None)
     defaults = get_method("image", "lantern++").resolve_knobs({})
-    load_before = _load()
-    started = time.perf_counter()
     generator.generate(prompts[0].prompt, method="eagle")  # warm-up
     quality_n = getattr(args, "quality_samples", None) or 0
+    quality_methods = getattr(args, "quality_methods", None) or HEAD_METHODS
+    measured = [(m, k) for m, k in chosen if m in quality_methods]
     total = len(prompts) * args.repeats * (1 + len(chosen))
     if quality_n:
-        quality_methods = getattr(args, "quality_methods", None) or HEAD_METHODS
-        total += (2 + sum(m in quality_methods for m, _ in chosen)) * len(quality_prompts(quality_n))
-    with tqdm(total=total, desc="bench image (head)", unit="run", file=sys.stderr) as progress:
+        total += (2 + len(measured)) * len(quality_prompts(quality_n))
+    with progress_bar(total, "bench image (head)") as progress:
         speed = run_speed(generator, prompts, chosen, args.repeats, shape, progress)
         cache = cache_dir() / "bench-lantern" / cache_key(generator, shape or defaults["shape"])
-        measured = [(m, k) for m, k in chosen if m in (getattr(args, "quality_methods", None) or HEAD_METHODS)]
         quality = (run_quality(generator, measured, quality_n, cache, progress, {"shape": shape} if shape else {})
                    if quality_n else None)
     result = {"speed": speed, "quality": quality, "prompts": [p.id for p in prompts],
-              "env": {**source_state(), "timestamp_utc": stamp, "cpu_model": _cpu_model(), "threads": args.threads,
-                      "settings": settings.snapshot(),
-                      "load_before": load_before, "load_after": _load(), "repeats": args.repeats,
-                      "shape": shape or defaults["shape"], "neighbours": defaults["neighbours"],
-                      "head": str(generator.head_path), "wall_s": time.perf_counter() - started,
-                      "command": "specgen " + " ".join(getattr(args, "argv", []))}}
-    import shutil
-
-    from specgen.app.bench.text import record_dirs
-
-    out_dir, latest_dir = record_dirs(getattr(args, "out_dir", None))
-    base = out_dir / f"bench-image-lantern-{stamp}"
-    base.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")  # first: nothing measured is lost
-    plot_frontier(base.with_suffix(".png"), result)
+              "env": run_env(start, repeats=args.repeats, shape=shape or defaults["shape"],
+                             neighbours=defaults["neighbours"], head=str(generator.head_path),
+                             command=command_line(args))}
+    figures = {"png": lambda path: plot_frontier(path, result)}
     if quality:
-        samples_grid(generator, quality["shown"], out_dir / f"{base.name}-samples.png")
-        shutil.copyfile(out_dir / f"{base.name}-samples.png", latest_dir / "image-lantern-latest-samples.png")
-    base.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    base.with_suffix(".md").write_text(render_markdown(result, base.with_suffix(".png").name))
-
-    for kind in ("json", "png"):
-        shutil.copyfile(base.with_suffix(f".{kind}"), latest_dir / f"image-lantern-latest.{kind}")
-    (latest_dir / "image-lantern-latest.md").write_text(render_markdown(result, "image-lantern-latest.png"))
-    print(f"wrote {base}.{{json,md,png}}", file=sys.stderr)
+        figures["samples"] = lambda path: samples_grid(generator, quality["shown"], path)
+    written = write_record(result, out_dir, f"bench-image-lantern-{start.timestamp}",
+                           lambda names: render_markdown(result, names.get("png")), figures, "image-lantern-latest",
+                           latest_dir)
+    print(f"wrote {', '.join(str(p) for p in written.runs.values())}", file=sys.stderr)
     return result
+
+
+def lantern_command(args) -> int:
+    """`specgen bench lantern`: the head's methods alone (--methods among HEAD_METHODS; `ar` always runs); the
+    report on stdout, or the result as one JSON object with --json."""
+    from specgen.errors import InvalidRequest
+
+    others = [m for m in args.methods or () if m not in HEAD_METHODS and m != "ar"]
+    if others:
+        raise InvalidRequest(f"{', '.join(others)}: not among the head's methods ({', '.join(HEAD_METHODS)}); use "
+                             "`specgen bench image`")
+    result = bench_lantern(args, [m for m in args.methods or HEAD_METHODS if m in HEAD_METHODS])
+    print(json.dumps(result) if args.json else render_markdown(result, None))
+    return 0
+

@@ -4,8 +4,8 @@ decoding (`sd`) on the same prompts and seeds.
 
 Per variant: tau, alpha_hat (and exact sampling's on the same drafts), the median per-prompt wall-clock speedup over
 `ar` and over `sd` with bootstrap intervals, and the quality change against `ar`: pocketsphinx WER (pooled edits /
-words) and the speaker-similarity proxy of `specgen.modalities.speech.quality`, paired by prompt and seed and
-bootstrapped over prompts. Per theta, the token-swap stress test on held-out corpus utterances. A theta qualifies
+words) and the speaker-similarity proxy of `specgen.modalities.speech.training.quality`, paired by prompt and seed
+and bootstrapped over prompts. Per theta, the token-swap stress test on held-out corpus utterances. A theta qualifies
 for the default when both its generation and its swap test stay within `QualityBound`; the fastest one is chosen.
 """
 
@@ -17,7 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specgen.modalities.speech.quality import bootstrap_mean_ci
+from specgen.app.bench.report import font
+from specgen.app.bench.stats import median_ci, prompt_medians
+from specgen.modalities.speech.training.quality import bootstrap_mean_ci
 
 DEFAULT_THETAS = (0.5, 0.4, 0.3, 0.25)
 SWEPT_KNOBS = {"pcg": "theta", "ssd": "beta"}
@@ -119,17 +121,8 @@ def quality_deltas(items: list[dict], variant: str, reference: str = "ar") -> di
 def speedup(items: list[dict], variant: str, key: str) -> dict:
     """Median over prompts of the per-prompt median ratio `key` (speedup_vs_ar or speedup_vs_sd), with a bootstrap
     interval of that median."""
-    from specgen.app.bench.text import bootstrap_median_ci
-
-    per_prompt: dict[str, list[float]] = {}
-    for i in items:
-        if i.get("variant") == variant and i.get(key) is not None:
-            per_prompt.setdefault(i["id"], []).append(i[key])
-    if not per_prompt:
-        return {key: None, f"{key}_ci95": None}
-    medians = [float(np.median(v)) for v in per_prompt.values()]
-    median, low, high = bootstrap_median_ci(medians)
-    return {key: median, f"{key}_ci95": [low, high] if len(medians) > 1 else None}
+    value, ci = median_ci(list(prompt_medians([i for i in items if i.get("variant") == variant], key, "id").values()))
+    return {key: value, f"{key}_ci95": ci}
 
 
 def summarise_swaps(rows: list[dict]) -> list[dict]:
@@ -250,22 +243,13 @@ COLOURS = {"pcg": (70, 130, 180), "sd": (60, 150, 80), "ssd": (200, 90, 40), "ar
 BOUND_COLOUR = (200, 40, 40)
 
 
-def _font(size: int = 13):
-    from PIL import ImageFont
-
-    try:
-        return ImageFont.load_default(size=size)
-    except TypeError:  # Pillow < 10.1 has one bitmap size
-        return ImageFont.load_default()
-
-
 def plot_frontier_png(path: Path, frontier: dict) -> None:
     """Two panels sharing the y axis, speedup over ar (median, 95 % bars): against ΔWER vs ar in generation (every
     variant), and against ΔWER of the token-swap stress test at the same theta (pcg only), with 95 % bars; pcg's
     points are joined in theta order, the dashed line is the WER bound. Drawn with Pillow (no matplotlib)."""
     from PIL import Image, ImageDraw
 
-    font = _font()
+    label_font = font()
     rows = [r for r in frontier["rows"] if r.get("speedup_vs_ar") is not None]
     bound = frontier["choice"]["bound"]["delta_wer_max"]
     swaps = {s["theta"]: s for s in frontier.get("swap_test") or []}
@@ -281,15 +265,15 @@ def plot_frontier_png(path: Path, frontier: dict) -> None:
     panels = ((generation, "generation: change in WER vs ar", left),
               (swapped, "token-swap stress test: change in WER", left + panel_w + gap))
     for points, title, x0 in panels:
-        _draw_panel(draw, font, points, title, (x0, top, panel_w, panel_h), y_range, bound)
+        _draw_panel(draw, label_font, points, title, (x0, top, panel_w, panel_h), y_range, bound)
     draw.text((left, 12), "speedup over ar (median, 95% CI) against change in WER (95% CI); ASCII labels: "
-                          "pcg points are its theta", fill="black", font=font)
+                          "pcg points are its theta", fill="black", font=label_font)
     legend = [("pcg over theta", COLOURS["pcg"]), ("sd (exact)", COLOURS["sd"]), ("ssd", COLOURS["ssd"]),
               (f"WER bound +{bound:g}", BOUND_COLOUR)]
     legend_top = top + panel_h + 50
     for i, (name, colour) in enumerate(legend):
         draw.rectangle([left, legend_top + 22 * i, left + 14, legend_top + 12 + 22 * i], fill=colour)
-        draw.text((left + 20, legend_top - 2 + 22 * i), name, fill="black", font=font)
+        draw.text((left + 20, legend_top - 2 + 22 * i), name, fill="black", font=label_font)
     image.save(path)
 
 

@@ -1,7 +1,7 @@
 """TETRIS against fixed-length drafting for a batch of different requests, under the same verification budget.
 
-    python -m specgen.app.bench.tetris [--batch-size 8] [--capacity 16] [--max-draft 6] [--max-new-tokens 96]
-                                       [--steps N | --requests N]
+    specgen bench tetris [--batch-size 8] [--capacity 16] [--max-draft 6] [--max-new-tokens 96]
+                         [--steps N | --requests N]       (or python -m specgen.app.bench.tetris, the same)
 
 One batch of `--batch-size` text prompts (from benchmarks/prompts/text.jsonl, cycled) is decoded to the same
 number of new tokens by: plain decoding (`ar`); a chain of fixed length γ = capacity / batch per row (`fixed`: the
@@ -16,22 +16,21 @@ Three settings: a static batch (every row to --max-new-tokens, the slowest sets 
 --batch-size rows by continuous batching, a finished request's row taking the next one).
 Reported per run: throughput (committed tokens per second over the whole batch; in the steady state, over steps
 1 onwards, the prefill left out), steps, drafted and accepted tokens, and, at temperature 0, whether every row
-equals plain greedy decoding. Written to
-benchmarks/tetris-{static,steady,serve}-<timestamp>.{json,md} and tetris-<setting>-latest.{json,md}.
+equals plain greedy decoding. Written to tetris-{static,steady,serve}-<timestamp>.{json,md} under
+$SPECGEN_HOME/runs and copied as benchmarks/tetris-<setting>-latest.{json,md} (`--out-dir DIR`: both in DIR).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-from specgen import settings
-from specgen.settings import use_threads
+from specgen.app.bench.prompts import load_prompts
+from specgen.app.bench.records import benchmarks_dir, record_dirs, run_env, start_run
+from specgen.app.bench.report import command_line, print_outcome, run_line, write_record
+from specgen.app.bench.runner import progress, rounds
 from specgen.errors import InvalidRequest
 
 
@@ -81,24 +80,11 @@ def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_
                      max_draft: int = 6, max_new_tokens: int = 96, temperature: float = 0.0, repeats: int = 3,
                      seed: int = 0, steps: int = 0, drafter: str = "model", estimate: str | None = None,
                      slot_cost: float | None = None, requests: int = 0) -> dict:
-    import torch
-    from tqdm import tqdm
-
-    from specgen.app.bench.text import _cpu_model, _load, benchmarks_dir, load_prompts, source_state
-    from specgen.modalities.drafters.model import ModelDrafter
+    """`ar`, fixed chains of γ = capacity / batch_size per row and TETRIS on one batch (or a served queue), in
+    `repeats` interleaved rounds; the medians per run, and TETRIS's throughput over the fixed chains'."""
     from specgen.modalities.text.generator import TextGenerator, shipped_code_pair
-    from specgen.modalities.text.ngram import PromptLookupDrafter
-    from specgen.samplers.length_policies import TetrisDrafter
-    from specgen.samplers.policies import FixedLength
-    from specgen.samplers.processing import Processing
 
-    if batch_size < 2 or capacity < batch_size or max_draft < 1:
-        raise InvalidRequest("TETRIS needs batch_size >= 2, capacity >= batch_size and max_draft >= 1")
-    if capacity % batch_size:
-        raise InvalidRequest(f"capacity {capacity} must be a multiple of the batch size {batch_size}, so that the "
-                             "fixed-length baseline spends the same budget")
-    if drafter not in DRAFTERS:
-        raise InvalidRequest(f"unknown drafter {drafter!r}; choose from {', '.join(DRAFTERS)}")
+    _check_budget(batch_size, capacity, max_draft, drafter)
     estimate = estimate or DRAFTERS[drafter]
     if generator is None:  # the shipped code pair: its draft shares the target's full vocabulary (Gemma's does not)
         generator = TextGenerator(*shipped_code_pair())
@@ -108,6 +94,53 @@ def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_
         raise InvalidRequest("--requests needs at least --batch-size requests and no --steps")
     batch = [texts[i % len(texts)] for i in range(batch_size)]
     served = [texts[i % len(texts)] for i in range(requests)]  # the queue, when serving one
+    gamma = capacity // batch_size
+    if slot_cost is None:  # the cut needs calibrated estimates: a row's acceptance rate is one, a confidence is not
+        slot_cost = measure_slot_cost(generator, batch) if estimate == "history" else 0.0
+    configs = _configs(generator, drafter, temperature, capacity, gamma, max_draft, estimate, slot_cost)
+    start = start_run()
+    if steps:  # room for every row to commit max_draft + 1 tokens a step
+        max_new_tokens = steps * (max_draft + 1)
+    options = dict(max_new_tokens=max_new_tokens, temperature=temperature, steps=steps)
+    if requests:
+        batch, options["batch_size"] = served, batch_size
+    _decode(generator, batch, *configs["ar"](), **options, seed=seed)  # warm-up
+    runs: dict[str, list[dict]] = {name: [] for name in configs}
+    with progress(repeats * len(configs), "bench tetris") as bar:
+        # interleaved in a fixed order, so load drifts hit every config alike
+        for round_ in rounds([batch], list(configs), repeats, rotate=False):
+            for name in round_.order:
+                runs[name].append(_decode(generator, batch, *configs[name](), **options, seed=seed + round_.repeat))
+                bar.update(1)
+    table = _table(runs, temperature)
+    fixed, tetris = (table[n] for n in list(configs)[1:])
+    return {"table": table, "tetris_over_fixed": tetris["tokens_per_s"] / fixed["tokens_per_s"],
+            "env": run_env(start, drafter=drafter, estimate=estimate, slot_cost=slot_cost, batch_size=batch_size,
+                           capacity=capacity, steps=steps, requests=requests, max_draft=max_draft, gamma=gamma,
+                           max_new_tokens=max_new_tokens, temperature=temperature, repeats=repeats,
+                           prompts=str(prompts_path), model=str(generator.model_path),
+                           draft=str(generator.draft_path))}
+
+
+def _check_budget(batch_size: int, capacity: int, max_draft: int, drafter: str) -> None:
+    if batch_size < 2 or capacity < batch_size or max_draft < 1:
+        raise InvalidRequest("TETRIS needs batch_size >= 2, capacity >= batch_size and max_draft >= 1")
+    if capacity % batch_size:
+        raise InvalidRequest(f"capacity {capacity} must be a multiple of the batch size {batch_size}, so that the "
+                             "fixed-length baseline spends the same budget")
+    if drafter not in DRAFTERS:
+        raise InvalidRequest(f"unknown drafter {drafter!r}; choose from {', '.join(DRAFTERS)}")
+
+
+def _configs(generator, drafter: str, temperature: float, capacity: int, gamma: int, max_draft: int, estimate: str,
+             slot_cost: float) -> dict:
+    """run name -> a maker of its fresh (drafter, length policy): `ar`, the fixed chain and TETRIS."""
+    from specgen.modalities.drafters.model import ModelDrafter
+    from specgen.modalities.text.ngram import PromptLookupDrafter
+    from specgen.samplers.tetris import TetrisDrafter
+    from specgen.samplers.length_policies import FixedLength
+    from specgen.samplers.processing import Processing
+
     vocab = generator.model.config.vocab_size
 
     def chain_drafter():
@@ -115,28 +148,16 @@ def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_
             return PromptLookupDrafter()
         return ModelDrafter(generator.draft_model, Processing(temperature=temperature), target_vocab_size=vocab)
 
-    gamma = capacity // batch_size
-    if slot_cost is None:  # the cut needs calibrated estimates: a row's acceptance rate is one, a confidence is not
-        slot_cost = measure_slot_cost(generator, batch) if estimate == "history" else 0.0
-    configs = {
+    return {
         "ar": lambda: (None, FixedLength(0)),
         f"fixed (γ = {gamma})": lambda: (chain_drafter(), FixedLength(gamma)),
         f"tetris (≤ {max_draft})": lambda: (TetrisDrafter(chain_drafter(), capacity, estimate, slot_cost=slot_cost),
                                              FixedLength(max_draft)),
     }
-    load_before = _load()
-    runs: dict[str, list[dict]] = {name: [] for name in configs}
-    if steps:  # room for every row to commit max_draft + 1 tokens a step
-        max_new_tokens = steps * (max_draft + 1)
-    options = dict(max_new_tokens=max_new_tokens, temperature=temperature, steps=steps)
-    if requests:
-        batch, options["batch_size"] = served, batch_size
-    _decode(generator, batch, *configs["ar"](), **options, seed=seed)  # warm-up
-    with tqdm(total=repeats * len(configs), desc="bench tetris", unit="run", file=sys.stderr) as progress:
-        for repeat in range(repeats):  # interleaved, so load drifts hit every config alike
-            for name, make in configs.items():
-                runs[name].append(_decode(generator, batch, *make(), **options, seed=seed + repeat))
-                progress.update(1)
+
+
+def _table(runs: dict[str, list[dict]], temperature: float) -> dict[str, dict]:
+    """Per run, the medians over repeats, its throughput over `ar`'s and (greedy) whether it equals `ar`."""
     reference = runs["ar"][0]["tokens"]
     table = {}
     for name, items in runs.items():
@@ -148,16 +169,7 @@ def run_bench_tetris(generator=None, *, prompts_path: Path | None = None, batch_
     ar_tps = table["ar"]["tokens_per_s"]
     for row in table.values():
         row["throughput_vs_ar"] = row["tokens_per_s"] / ar_tps
-    fixed, tetris = (table[n] for n in list(configs)[1:])
-    return {"table": table, "tetris_over_fixed": tetris["tokens_per_s"] / fixed["tokens_per_s"],
-            "env": {"timestamp_utc": datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ"), **source_state(),
-                    "drafter": drafter, "estimate": estimate, "slot_cost": slot_cost, "batch_size": batch_size,
-                    "capacity": capacity, "steps": steps, "requests": requests, "max_draft": max_draft, "gamma": gamma,
-                    "max_new_tokens": max_new_tokens, "temperature": temperature, "repeats": repeats,
-                    "prompts": str(prompts_path), "model": str(generator.model_path),
-                    "draft": str(generator.draft_path), "threads": torch.get_num_threads(),
-                    "cpu_model": _cpu_model(), "settings": settings.snapshot(), "load_before": load_before,
-                    "load_after": _load()}}
+    return table
 
 
 def measure_slot_cost(generator, prompts: list[str], window: int = 5, repeats: int = 15) -> float:
@@ -222,8 +234,7 @@ def _setting(env: dict) -> str:
 def render_markdown(result: dict) -> str:
     env = result["env"]
     lines = ["# TETRIS vs fixed-length drafting", "",
-             f"{env['timestamp_utc']} · commit {(env.get('git_commit') or '?')[:12]} · {env['cpu_model']} · "
-             f"{env['threads']} thread(s) · load {env['load_before']} → {env['load_after']}", "",
+             run_line(env), "",
              _setting(env) + ", temperature "
              f"{env['temperature']}, at most {env['capacity']} drafted tokens verified per step "
              f"(fixed: γ = {env['gamma']} per row; TETRIS: up to {env['max_draft']} per row, best {env['capacity']} "
@@ -241,49 +252,29 @@ def render_markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    import torch
-
-    p = argparse.ArgumentParser(prog="python -m specgen.app.bench.tetris", description=__doc__.splitlines()[0])
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--capacity", type=int, default=16, help="drafted tokens verified per step for the whole batch")
-    p.add_argument("--max-draft", type=int, default=6, help="TETRIS: most tokens drafted per row")
-    p.add_argument("--max-new-tokens", type=int, default=96, help="static batch (--steps 0): tokens per row")
-    p.add_argument("--steps", type=int, default=0,
-                   help="run this many verification steps instead, rows never finishing (default: 0, off)")
-    p.add_argument("--requests", type=int, default=0,
-                   help="serve this many requests (the prompts cycled) by continuous batching in --batch-size rows, "
-                        "each to --max-new-tokens (default: 0, one batch)")
-    p.add_argument("--drafter", choices=list(DRAFTERS), default="model",
-                   help="model: the shipped code draft; ngram: prompt lookup in each row's own context")
-    p.add_argument("--estimate", choices=["confidence", "history"], default=None,
-                   help="TETRIS's acceptance estimate (default: confidence for model, history for ngram)")
-    p.add_argument("--slot-cost", type=float, default=None,
-                   help="TETRIS: a verified slot's cost over a step's fixed cost; slots whose estimate does not pay "
-                        "for theirs are not verified (default: measured on the batch for the history estimate, 0 "
-                        "(always fill the budget) for the confidence one, which is not a calibrated probability)")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out-dir", type=Path, default=None)
-    a = p.parse_args(argv)
-    use_threads(a.threads)
-    result = run_bench_tetris(batch_size=a.batch_size, capacity=a.capacity, max_draft=a.max_draft,
-                              max_new_tokens=a.max_new_tokens, temperature=a.temperature, repeats=a.repeats,
-                              steps=a.steps, drafter=a.drafter, estimate=a.estimate, slot_cost=a.slot_cost,
-                              requests=a.requests)
-    result["env"]["command"] = "python -m specgen.app.bench.tetris " + " ".join(argv if argv is not None
-                                                                                else sys.argv[1:])
-    from specgen.app.bench.text import record_dirs
-
-    runs_dir, latest_dir = record_dirs(a.out_dir)
-    stamp = result["env"]["timestamp_utc"]
-    kind = "serve" if a.requests else "steady" if a.steps else "static"
-    for out, name in ((runs_dir, f"tetris-{kind}-{stamp}"), (latest_dir, f"tetris-{kind}-latest")):
-        (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
-        (out / f"{name}.md").write_text(render_markdown(result))
-    print(render_markdown(result))
+def bench_tetris(args) -> int:
+    """`specgen bench tetris`: writes tetris-SETTING-STAMP.{json,md} and tetris-SETTING-latest.*, SETTING being
+    serve (--requests), steady (--steps) or static."""
+    runs_dir, latest_dir = record_dirs(args.out_dir)  # checked before any work
+    result = run_bench_tetris(prompts_path=args.prompts, batch_size=args.batch_size, capacity=args.capacity,
+                              max_draft=args.max_draft, max_new_tokens=args.max_new_tokens,
+                              temperature=args.temperature, repeats=args.repeats, steps=args.steps,
+                              drafter=args.drafter, estimate=args.estimate, slot_cost=args.slot_cost,
+                              requests=args.requests)
+    result["env"]["command"] = command_line(args)
+    kind = "serve" if args.requests else "steady" if args.steps else "static"
+    written = write_record(result, runs_dir, f"tetris-{kind}-{result['env']['timestamp_utc']}",
+                           lambda names: render_markdown(result), latest=f"tetris-{kind}-latest",
+                           latest_dir=latest_dir)
+    print_outcome(result, written, args.json)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m specgen.app.bench.tetris ARGS` is `specgen bench tetris ARGS`."""
+    from specgen.app.cli import main as specgen
+
+    return specgen(["bench", "tetris", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ def generate_text(args) -> int:
     from specgen.modalities.text.generator import TextGenerator
     from specgen.samplers.stats import SpecStats
 
-    from specgen.app.cli import method_knobs
+    from specgen.app.cli.options import method_knobs, request_values
 
     if args.method:
         method_knobs(args, "text", args.method)  # a knob the method lacks fails before any model loads
@@ -21,6 +21,7 @@ def generate_text(args) -> int:
     generator = TextGenerator(model=args.model, draft=args.draft, threads=args.threads)
     method = args.method or generator.default_method
     knobs = method_knobs(args, "text", method)
+    request = request_values(args, "text")
     if args.prompt is None:
         args.prompt = generator.example_prompt
         print(f"prompt (the model's example; choose another with --prompt): {args.prompt!r}", file=sys.stderr)
@@ -36,9 +37,7 @@ def generate_text(args) -> int:
     shown = ""
     started = time.perf_counter()
     with (open(args.trace, "w") if args.trace else nullcontext()) as trace:
-        for event in generator.stream(args.prompt, method=method, max_new_tokens=args.max_new_tokens,
-                                      temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                                      num_samples=args.num_samples, stats=stats, **knobs):
+        for event in generator.stream(args.prompt, method=method, stats=stats, **request, **knobs):
             tokens[event.row].extend(event.tokens)
             if trace:
                 trace.write(json.dumps(event.to_json()) + "\n")
@@ -58,7 +57,7 @@ def generate_text(args) -> int:
     summary["load_s"] = load_s  # loading and warming the models, apart from wall_s (decoding) and tokens_per_s
     samples = [{"text": generator.tokenizer.decode(t, skip_special_tokens=True), "tokens": t} for t in tokens]
     if args.compare:
-        summary.update(_compare_with_plain(generator, args, method, tokens, wall_s))
+        summary.update(_compare_with_plain(generator, args.prompt, request, tokens, wall_s))
     if args.json:
         out = ({"text": samples[0]["text"], "tokens": samples[0]["tokens"], "stats": summary} if args.num_samples == 1
                else {"samples": samples, "stats": summary})
@@ -74,15 +73,13 @@ def generate_text(args) -> int:
     return 0
 
 
-def _compare_with_plain(generator, args, method: str, tokens: list[list[int]], wall_s: float) -> dict:
+def _compare_with_plain(generator, prompt: str, request: dict, tokens: list[list[int]], wall_s: float) -> dict:
     """The same request decoded plainly (`ar`): the measured speedup and, at temperature 0, whether every sample's
     tokens are the same (they must be: the methods are exact; a difference is reported, not hidden)."""
-    plain = generator.generate(args.prompt, method="ar", max_new_tokens=args.max_new_tokens,
-                               temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                               num_samples=args.num_samples)
+    plain = generator.generate(prompt, method="ar", **request)
     result = {"ar_wall_s": plain.stats["wall_s"], "ar_tokens_per_s": plain.stats["tokens_per_s"],
               "speedup_vs_ar": plain.stats["wall_s"] / wall_s if wall_s > 0 else None}
-    if args.temperature == 0:
+    if request["temperature"] == 0:
         result["identical_to_ar"] = [s["tokens"] for s in plain.samples] == tokens
     return result
 

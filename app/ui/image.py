@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import time
 
+from specgen.app import request_options
 from specgen.app.ui.models import LazyGenerator
+from specgen.app.ui.widgets import (COMPARING_NOTE, PLAIN_NOTE, LiveStats, acceptance_frame, acceptance_plot,
+                                    check_option, compare_with_plain, jsonable, method_params, option_widget,
+                                    run_controls, shown_in_ui, stats_json, stats_markdown, timed)
 from specgen.samplers import registry
 
 UPDATE_S = 0.25  # at most this often a live update of image and statistics
 DISPLAY_SCALE = 4  # 64x64 images are shown at 256x256 (nearest neighbour)
-MAX_TOP_K = 100_000
-MAX_GUIDANCE = 20.0
+OPTIONS = ("temperature", "top_k", "guidance_scale", "seed")  # the request options the tab shows, in this order
 
 
 class ImageModels(LazyGenerator):
@@ -81,11 +84,9 @@ def finished_video(generator, tokens: list[int]) -> str:
 def make_image_runner(image_models: ImageModels):
     import gradio as gr
 
-    from specgen.app.ui import (LiveStats, _check_number, _jsonable, _timed, acceptance_frame, shown_in_ui,
-                                stats_markdown)
-
     modality = image_models.modality
     example = "red K moving right on blue" if modality == "video" else "red K on blue"
+    options = request_options.fields(modality)
 
     def run_image(prompt, method, compare, window, init, temperature, top_k, guidance, seed, lam=None):
         if not isinstance(prompt, str) or not prompt.strip():
@@ -93,90 +94,83 @@ def make_image_runner(image_models: ImageModels):
         if method not in registry.method_names(modality):
             raise gr.Error(f"unknown {modality} method {method!r}; choose from: "
                            f"{', '.join(registry.method_names(modality))}")
-        temperature = _check_number(gr, "temperature", temperature, 0.0, 5.0)
-        top_k = _check_number(gr, "top-k", top_k, 0, MAX_TOP_K, integer=True)
-        guidance = _check_number(gr, "guidance", guidance, 0.0, MAX_GUIDANCE)
-        seed = _check_number(gr, "seed", seed, 0, 2**63 - 1, integer=True)
+        request = {name: check_option(gr, options[name], value)
+                   for name, value in zip(OPTIONS, (temperature, top_k, guidance, seed))}
         spec = registry.get_method(modality, method)
-        params = {}
-        jacobi = (spec.drafter or "").startswith("jacobi")
-        if jacobi:
-            params = {"window": _check_number(gr, "window", window, 2, 256, integer=True)}
-            if init:  # else the method's own default
-                params["init"] = init
-        elif method == "lantern++":
-            params = {"lam": _check_number(gr, "lambda", default_lam() if lam is None else lam, 1.0, 1000.0)}
+        params = method_params(spec, {"window": window, "init": init, "lam": lam})
 
         def body():
             generator = image_models.get()
-            spec.resolve_knobs(params)
+            knobs = spec.resolve_knobs(params)
             generator.vocab.prompt_ids(prompt.strip())
-            options = dict(temperature=temperature, top_k=top_k, guidance_scale=guidance, seed=seed)
-            yield from _stream_image(generator, prompt.strip(), method, spec, compare, params, options)
+            yield from stream_image(generator, prompt.strip(), method, spec, compare, knobs, request)
 
         yield from shown_in_ui(gr, modality, body())
-
-    def _stream_image(generator, prompt, method, spec, compare, params, options):
-        from specgen.samplers.stats import SpecStats
-
-        stats, live = SpecStats(), LiveStats()
-        tokens: list[int] = []
-        events, busy = _timed(generator.stream(prompt, method=method, stats=stats, **options, **params))
-        shown = 0.0
-        for event in events:
-            if event.row != 0:
-                continue
-            live.update(event)
-            tokens.extend(event.tokens)
-            if time.perf_counter() - shown < UPDATE_S:  # each update is PNG-encoded and sent by another thread:
-                continue                                # fewer of them leave the CPU to decoding
-            shown = time.perf_counter()
-            current = {**live.summary(busy[0]), "lossless": spec.lossless}
-            yield (partial_image(generator, tokens), stats_markdown(current, method=method, running=True),
-                   acceptance_frame(current["per_position_acceptance"]), current)
-        wall_s = busy[0]
-        ar_step_s = generator.measure_step_s(prompt, guidance_scale=options["guidance_scale"])
-        summary = generator.summary(stats, method, wall_s, ar_step_s)
-        if (spec.drafter or "").startswith("jacobi"):  # Jacobi's cost model: tau * T_window(1) / T_window(L)
-            window_s = generator.measure_window_s(prompt, params["window"], guidance_scale=options["guidance_scale"])
-            summary["predicted_speedup_measured"] = summary["tau"] * ar_step_s / window_s
-        image = partial_image(generator, tokens) if modality == "image" else finished_video(generator, tokens)
-        compared, note = None, ""
-        if compare and spec.drafter is not None:
-            yield (image, stats_markdown(summary, method=method, running=True,
-                                         note="_running plain decoding of the same request for comparison…_"),
-                   acceptance_frame(summary["per_position_acceptance"]), _jsonable(summary))
-            ar_tokens: list[int] = []
-            ar_events, ar_busy = _timed(generator.stream(prompt, method="ar", **options))
-            for event in ar_events:
-                if event.row == 0:
-                    ar_tokens.extend(event.tokens)
-            compared = {"ar_tokens_per_s": len(ar_tokens) / ar_busy[0] if ar_busy[0] > 0 else None,
-                        "ar_wall_s": ar_busy[0], "speedup_vs_ar": ar_busy[0] / wall_s if wall_s > 0 else None,
-                        "identical_to_ar": (ar_tokens == tokens) if options["temperature"] == 0 else None}
-            summary = {**summary, **compared}
-        elif compare:
-            note = "_`ar` is plain decoding: there is nothing to compare it with._"
-        if "changed_per_step" in summary:
-            note += f"\n\ntokens changed per step in the window: {summary['changed_per_step']:.1f}"
-        if "relaxed_share" in summary:
-            note += (f"\n\nrelaxed acceptance: {summary['relaxed_share']:.0%} of the accepted codes would have been "
-                     "rejected by exact verification (latent neighbours lent them mass)")
-        yield (image, stats_markdown(summary, method=method, running=False, compare=compared, note=note.strip()),
-               acceptance_frame(summary["per_position_acceptance"]), _jsonable(summary))
 
     return run_image
 
 
+def stream_image(generator, prompt, method, spec, compare, knobs, options):
+    """The tab's updates (partial image, stats panel, acceptance plot, stats), at most every UPDATE_S while
+    decoding, then the finished image or video with the comparison with plain decoding when asked."""
+    from specgen.samplers.stats import SpecStats
+
+    stats, live = SpecStats(), LiveStats()
+    tokens: list[int] = []
+    events, busy = timed(generator.stream(prompt, method=method, stats=stats, **options, **knobs))
+    shown = 0.0
+    for event in events:
+        if event.row != 0:
+            continue
+        live.update(event)
+        tokens.extend(event.tokens)
+        if time.perf_counter() - shown < UPDATE_S:  # each update is PNG-encoded and sent by another thread:
+            continue                                # fewer of them leave the CPU to decoding
+        shown = time.perf_counter()
+        current = {**live.summary(busy[0]), "lossless": spec.lossless}
+        yield (partial_image(generator, tokens), stats_markdown(current, method=method, running=True),
+               acceptance_frame(current["per_position_acceptance"]), current)
+    summary = _summary(generator, prompt, method, spec, stats, knobs, options, busy[0])
+    image = partial_image(generator, tokens) if generator.modality == "image" else finished_video(generator, tokens)
+    compared, note = None, ""
+    if compare and spec.drafter is not None:
+        yield (image, stats_markdown(summary, method=method, running=True, note=COMPARING_NOTE),
+               acceptance_frame(summary["per_position_acceptance"]), jsonable(summary))
+        compared = compare_with_plain(generator, prompt, options, tokens, busy[0])
+        summary = {**summary, **compared}
+    elif compare:
+        note = PLAIN_NOTE
+    yield (image, stats_markdown(summary, method=method, running=False, compare=compared, note=_notes(summary, note)),
+           acceptance_frame(summary["per_position_acceptance"]), jsonable(summary))
+
+
+def _summary(generator, prompt, method, spec, stats, knobs, options, wall_s: float) -> dict:
+    ar_step_s = generator.measure_step_s(prompt, guidance_scale=options["guidance_scale"])
+    summary = generator.summary(stats, method, wall_s, ar_step_s)
+    if (spec.drafter or "").startswith("jacobi"):  # Jacobi's cost model: tau * T_window(1) / T_window(L)
+        window_s = generator.measure_window_s(prompt, knobs["window"], guidance_scale=options["guidance_scale"])
+        summary["predicted_speedup_measured"] = summary["tau"] * ar_step_s / window_s
+    return summary
+
+
+def _notes(summary: dict, note: str) -> str:
+    if "changed_per_step" in summary:
+        note += f"\n\ntokens changed per step in the window: {summary['changed_per_step']:.1f}"
+    if "relaxed_share" in summary:
+        note += (f"\n\nrelaxed acceptance: {summary['relaxed_share']:.0%} of the accepted codes would have been "
+                 "rejected by exact verification (latent neighbours lent them mass)")
+    return note.strip()
+
+
 def build_image_tab(gr, image_models: ImageModels, *, concurrency_limit: int, concurrency_id: str):
     """The Image tab (or, for video models, the Video tab): components and events (call inside `gr.Blocks`)."""
-    from specgen.modalities.image import conditions, video_data
+    from specgen.modalities.image import conditions
 
     modality = image_models.modality
-    examples = video_data.EXAMPLE_PROMPTS if modality == "video" else conditions.EXAMPLE_PROMPTS
-    methods = registry.method_names(modality)
+    examples = conditions.VIDEO_EXAMPLE_PROMPTS if modality == "video" else conditions.EXAMPLE_PROMPTS
     default = registry.default_method(modality)
     knobs = registry.get_method(modality, default).resolve_knobs({})
+    options = request_options.fields(modality)
     with gr.Tab(modality.capitalize(), id=modality, elem_id=f"tab-{modality}"):
         with gr.Row():
             with gr.Column(scale=1):
@@ -185,12 +179,7 @@ def build_image_tab(gr, image_models: ImageModels, *, concurrency_limit: int, co
                                      info="colour, character, motion (left, right, up, down) and background"
                                      if modality == "video" else
                                      "colour, character and background, a digit, or a photo name")
-                method = gr.Dropdown(methods, value=default, label="Method", elem_id=f"{modality}-method")
-                compare = gr.Checkbox(value=True, label="compare with plain decoding", elem_id=f"{modality}-compare",
-                                      info="re-runs the same request with `ar` and measures the speedup")
-                with gr.Row():
-                    run = gr.Button("Run", variant="primary", elem_id=f"{modality}-run")
-                    stop = gr.Button("Stop", variant="stop", elem_id=f"{modality}-stop")
+                method, compare, run, stop = run_controls(gr, modality, registry.method_names(modality), default)
                 with gr.Accordion("Settings", open=True):
                     window = gr.Slider(2, 128, value=knobs.get("window", 32), step=1, label="window L",
                                        info="tokens scored per step (Jacobi methods)", elem_id=f"{modality}-window")
@@ -199,28 +188,18 @@ def build_image_tab(gr, image_models: ImageModels, *, concurrency_limit: int, co
                     lam = gr.Slider(1.0, 20.0, value=default_lam(), step=0.5, label="λ (lantern++)",
                                     info="p~ <= λ p: how much mass a code may borrow from its latent neighbours; "
                                          "1 = exact", elem_id=f"{modality}-lambda", visible=modality == "image")
-                    temperature = gr.Slider(0.0, 2.0, value=1.0, step=0.05, label="temperature",
-                                            info="0 means greedy", elem_id=f"{modality}-temperature")
-                    top_k = gr.Number(value=50, precision=0, minimum=0, label="top-k (0 = all codes)",
-                                      elem_id=f"{modality}-top-k")
-                    guidance = gr.Slider(0.0, 8.0, value=3.0, step=0.25, label="guidance scale (1 = off)",
-                                         elem_id=f"{modality}-guidance")
-                    seed = gr.Number(value=0, precision=0, minimum=0, label="seed", elem_id=f"{modality}-seed")
+                    request = [option_widget(gr, modality, options[name]) for name in OPTIONS]
             with gr.Column(scale=2):
                 with gr.Row():
                     size = (280, 280) if modality == "image" else (300, 540)
                     output = gr.Image(label=modality.capitalize(), elem_id=f"{modality}-output", interactive=False,
                                       type="pil", format="png", height=size[0], width=size[1])  # png: lossless
-                    plot = gr.BarPlot(None, x="draft position", y="acceptance", y_lim=[0, 1],
-                                      title="acceptance per window position", elem_id=f"{modality}-acceptance",
-                                      height=260)
+                    plot = acceptance_plot(gr, modality, "acceptance per window position")
                 stats_panel = gr.Markdown("_run a prompt to see τ, steps and the speedup_",
                                           elem_id=f"{modality}-stats")
-                with gr.Accordion("all statistics (JSON)", open=False):
-                    stats_json = gr.JSON(elem_id=f"{modality}-stats-json")
-    runner = make_image_runner(image_models)
-    event = run.click(runner, [prompt, method, compare, window, init, temperature, top_k, guidance, seed, lam],
-                      [output, stats_panel, plot, stats_json], api_name=f"generate_{modality}",
+                json_panel = stats_json(gr, modality)
+    event = run.click(make_image_runner(image_models), [prompt, method, compare, window, init, *request, lam],
+                      [output, stats_panel, plot, json_panel], api_name=f"generate_{modality}",
                       concurrency_limit=concurrency_limit, concurrency_id=concurrency_id)
     stop.click(None, None, None, cancels=[event], api_name=False)
     method.change(lambda name: jacobi_knob_defaults(gr, modality, name), [method], [window, init], api_name=False)

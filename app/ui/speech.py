@@ -4,9 +4,15 @@ the residual; ssd: beta) and, next to their acceptance, what exact token-level s
 
 from __future__ import annotations
 
+from specgen.app import request_options
 from specgen.app.ui.models import LazyGenerator
+from specgen.app.ui.widgets import (PLAIN_NOTE, LiveStats, acceptance_frame, acceptance_plot, check_option,
+                                    compare_with_plain, jsonable, method_params, option_widget, run_controls,
+                                    shown_in_ui, stats_json, stats_markdown, timed)
 from specgen.errors import SpecgenError
 from specgen.samplers import registry
+
+OPTIONS = ("temperature", "seed")  # the request options the tab shows besides the voice, in this order
 
 
 class SpeechModels(LazyGenerator):
@@ -26,8 +32,7 @@ class SpeechModels(LazyGenerator):
 def make_speech_runner(speech_models: SpeechModels):
     import gradio as gr
 
-    from specgen.app.ui import (LiveStats, _check_number, _jsonable, _timed, acceptance_frame, shown_in_ui,
-                                stats_markdown)
+    options = request_options.fields("speech")
 
     def run_speech(text, method, compare, voice, temperature, seed, theta=None, beta=None, residual=None):
         if not isinstance(text, str) or not text.strip():
@@ -35,56 +40,50 @@ def make_speech_runner(speech_models: SpeechModels):
         if method not in registry.method_names("speech"):
             raise gr.Error(f"unknown speech method {method!r}; choose from: "
                            f"{', '.join(registry.method_names('speech'))}")
-        temperature = _check_number(gr, "temperature", temperature, 0.0, 5.0)
-        seed = _check_number(gr, "seed", seed, 0, 2**63 - 1, integer=True)
+        request = {"voice": voice, **{name: check_option(gr, options[name], value)
+                                      for name, value in zip(OPTIONS, (temperature, seed))}}
         spec = registry.get_method("speech", method)
-        knobs = _method_knobs(spec, {"theta": theta, "beta": beta, "residual": residual})
+        params = method_params(spec, {"theta": theta, "beta": beta, "residual": residual})
 
         def body():
-            spec.resolve_knobs(knobs)  # a bad value is shown as one error message
+            resolved = spec.resolve_knobs(params)  # a bad value is shown as one error message
             generator = speech_models.get()
             generator.vocab.prompt_ids(text.strip(), voice)
-            options = dict(voice=voice, temperature=temperature, seed=seed)
-            stats, live = _spec_stats(), LiveStats()
-            tokens: list[int] = []
-            events, busy = _timed(generator.stream(text.strip(), method=method, stats=stats, **options, **knobs))
-            for event in events:
-                if event.row == 0:
-                    live.update(event)
-                    tokens.extend(event.tokens)
-                    current = {**live.summary(busy[0]), "lossless": spec.lossless}
-                    yield (None, stats_markdown(current, method=method, running=True),
-                           acceptance_frame(current["per_position_acceptance"]), current)
-            summary = stats.summary(method=method, lossless=spec.lossless, wall_s=busy[0],
-                                    ar_step_s=generator.measure_step_s(text.strip(), voice))
-            audio = (generator.sample_rate, generator.decode(generator.vocab.acoustic(tokens)))
-            compared, note = None, ""
-            if compare and spec.drafter is not None:
-                ar_tokens: list[int] = []
-                ar_events, ar_busy = _timed(generator.stream(text.strip(), method="ar", **options))
-                for event in ar_events:
-                    if event.row == 0:
-                        ar_tokens.extend(event.tokens)
-                compared = {"ar_tokens_per_s": len(ar_tokens) / ar_busy[0] if ar_busy[0] > 0 else None,
-                            "speedup_vs_ar": ar_busy[0] / busy[0] * len(tokens) / max(len(ar_tokens), 1)
-                            if busy[0] > 0 else None,
-                            "identical_to_ar": (ar_tokens == tokens) if temperature == 0 else None}
-                summary = {**summary, **compared}
-            elif compare:
-                note = "_`ar` is plain decoding: there is nothing to compare it with._"
-            note = " ".join(filter(None, [relaxed_note(summary), note]))
-            yield (audio, stats_markdown(summary, method=method, running=False, compare=compared, note=note),
-                   acceptance_frame(summary["per_position_acceptance"]), _jsonable(summary))
+            yield from stream_speech(generator, text.strip(), method, spec, compare,
+                                     {name: resolved[name] for name in params}, request)
 
         yield from shown_in_ui(gr, "speech", body())
 
     return run_speech
 
 
-def _method_knobs(spec, values: dict) -> dict:
-    """The demo's knob widgets that belong to this method (the others keep their values but are not sent)."""
-    own = {knob.name for knob in spec.knobs}
-    return {name: value for name, value in values.items() if name in own and value is not None and value != ""}
+def stream_speech(generator, text, method, spec, compare, knobs, options):
+    """The tab's updates (no audio yet, stats panel, acceptance plot, stats) while the acoustic tokens are
+    committed, then the audio with the comparison with plain decoding when asked."""
+    from specgen.samplers.stats import SpecStats
+
+    stats, live = SpecStats(), LiveStats()
+    tokens: list[int] = []
+    events, busy = timed(generator.stream(text, method=method, stats=stats, **options, **knobs))
+    for event in events:
+        if event.row == 0:
+            live.update(event)
+            tokens.extend(event.tokens)
+            current = {**live.summary(busy[0]), "lossless": spec.lossless}
+            yield (None, stats_markdown(current, method=method, running=True),
+                   acceptance_frame(current["per_position_acceptance"]), current)
+    summary = stats.summary(method=method, lossless=spec.lossless, wall_s=busy[0],
+                            ar_step_s=generator.measure_step_s(text, options["voice"]))
+    audio = (generator.sample_rate, generator.decode(generator.vocab.acoustic(tokens)))
+    compared, note = None, ""
+    if compare and spec.drafter is not None:
+        compared = compare_with_plain(generator, text, options, tokens, busy[0])
+        summary = {**summary, **compared}
+    elif compare:
+        note = PLAIN_NOTE
+    note = " ".join(filter(None, [relaxed_note(summary), note]))
+    yield (audio, stats_markdown(summary, method=method, running=False, compare=compared, note=note),
+           acceptance_frame(summary["per_position_acceptance"]), jsonable(summary))
 
 
 def relaxed_note(summary: dict) -> str:
@@ -101,47 +100,33 @@ def relaxed_note(summary: dict) -> str:
             "drafts._")
 
 
-def _spec_stats():
-    from specgen.samplers.stats import SpecStats
-
-    return SpecStats()
-
-
 def build_speech_tab(gr, speech_models: SpeechModels, *, concurrency_limit: int, concurrency_id: str):
     """The Speech tab's components and events (call inside `gr.Blocks`)."""
-    methods = registry.method_names("speech")
+    from specgen.modalities.speech.voices import VOICES  # names only: no torch
+
+    default = registry.default_method("speech")
+    options = request_options.fields("speech")
     with gr.Tab("Speech", id="speech", elem_id="tab-speech"):
         with gr.Row():
             with gr.Column(scale=1):
                 text = gr.Textbox(label="Text to speak", lines=3, value="The quick brown fox jumps over the lazy dog.",
                                   elem_id="speech-text")
-                method = gr.Dropdown(methods, value=registry.default_method("speech"), label="Method",
-                                     elem_id="speech-method")
-                compare = gr.Checkbox(value=True, label="compare with plain decoding", elem_id="speech-compare")
-                with gr.Row():
-                    run = gr.Button("Run", variant="primary", elem_id="speech-run")
-                    stop = gr.Button("Stop", variant="stop", elem_id="speech-stop")
+                method, compare, run, stop = run_controls(gr, "speech", registry.method_names("speech"), default)
                 with gr.Accordion("Settings", open=True):
-                    from specgen.modalities.speech.data import VOICES  # names only: no torch
-
                     voice = gr.Dropdown(list(VOICES), value=next(iter(VOICES)), allow_custom_value=True,
                                         label="voice", elem_id="speech-voice")
-                    temperature = gr.Slider(0.0, 2.0, value=0.8, step=0.05, label="temperature",
-                                            info="0 means greedy", elem_id="speech-temperature")
-                    seed = gr.Number(value=0, precision=0, minimum=0, label="seed", elem_id="speech-seed")
-                    knob_widgets = _knob_widgets(gr, registry.default_method("speech"))
+                    request = [option_widget(gr, "speech", options[name]) for name in OPTIONS]
+                    knob_widgets = _knob_widgets(gr, default)
             with gr.Column(scale=2):
                 output = gr.Audio(label="Speech", elem_id="speech-output", interactive=False, type="numpy")
                 with gr.Row():
                     stats_panel = gr.Markdown("_run a text to see τ, acceptance and the speedup_",
                                               elem_id="speech-stats")
-                    plot = gr.BarPlot(None, x="draft position", y="acceptance", y_lim=[0, 1],
-                                      title="acceptance per draft position", elem_id="speech-acceptance", height=260)
-                with gr.Accordion("all statistics (JSON)", open=False):
-                    stats_json = gr.JSON(elem_id="speech-stats-json")
-    event = run.click(make_speech_runner(speech_models), [text, method, compare, voice, temperature, seed,
+                    plot = acceptance_plot(gr, "speech")
+                json_panel = stats_json(gr, "speech")
+    event = run.click(make_speech_runner(speech_models), [text, method, compare, voice, *request,
                                                           *knob_widgets.values()],
-                      [output, stats_panel, plot, stats_json], api_name="generate_speech",
+                      [output, stats_panel, plot, json_panel], api_name="generate_speech",
                       concurrency_limit=concurrency_limit, concurrency_id=concurrency_id)
     method.change(lambda name: [gr.update(visible=_takes(name, knob)) for knob in knob_widgets], method,
                   list(knob_widgets.values()), queue=False, api_name=False)

@@ -229,7 +229,7 @@ def acceptance_by_rank(target_model, draft_model, prompts: Sequence[torch.Tensor
     from specgen.modalities.runtime.transformers_adapter import TransformersTarget
     from specgen.samplers.acceptance import TreeRejection
     from specgen.samplers.loop import speculative_generate
-    from specgen.samplers.policies import FixedLength
+    from specgen.samplers.length_policies import FixedLength
 
     processing = Processing(temperature=temperature)
     shape = [-1] + [0] * width

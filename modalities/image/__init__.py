@@ -1,5 +1,5 @@
-"""Image and video tokens: the VQ tokenizer (`vq`), the conditioned token models (`models`, `conditions`), their
-training data and trainer (`data`, `train`) and `ImageGenerator` (`generator`). The decoding algorithms are
+"""Image and video tokens: the VQ tokenizer (`vq`), the conditioned token models (`models`, `conditions`) and
+`ImageGenerator` (`generator`); their data sets, trainers and quality measures in `training/`. The decoding algorithms are
 modality-agnostic and live in the core: Jacobi decoding (SJD, MC-SJD, Gumbel coupling) in
 `specgen.samplers.jacobi`, classifier-free guidance batching in `specgen.samplers.guided`."""
 

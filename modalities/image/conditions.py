@@ -17,6 +17,9 @@ import torch
 from specgen.errors import InvalidRequest, ModelNotFound
 
 SPECIALS = ("bos", "boi", "null", "pad")
+VIDEO_EXAMPLE_PROMPTS = ("red K moving right on blue", "white A moving down on black",
+                         "yellow g moving left on purple", "black 7 moving up on orange", "K moving right",
+                         "green Q moving left on white")
 EXAMPLE_PROMPTS = (
     "red K on blue", "white A on black", "yellow g on purple", "black 7 on orange", "K", "digit 3",
     "green digit 5 on black", "photo of coffee", "photo of astronaut", "photo of cat",
@@ -136,23 +139,3 @@ class ImageVocab:
         d = json.loads(path.read_text())
         return cls(num_codes=int(d["num_codes"]), words=tuple(d["words"]), prefix_length=int(d["prefix_length"]),
                    grid=int(d.get("grid", 16)), frames=int(d.get("frames", 1)))
-
-
-def default_vocab(num_codes: int = 512, grid: int = 16) -> ImageVocab:
-    """The vocabulary of the dataset in `data.py`: every word its prompts and classes use."""
-    from specgen.modalities.image import data
-
-    words = ["digit", "photo", "of", "on", *data.PALETTE, *data.CHARACTERS, *data.PHOTOS]
-    # "green digit 3 on black" is the longest prompt (5 words)
-    return ImageVocab(num_codes=num_codes, words=tuple(dict.fromkeys(words)), prefix_length=5, grid=grid)
-
-
-def video_vocab(num_codes: int = 512, grid: int = 16) -> ImageVocab:
-    """The vocabulary of the clips in `video_data.py`: the image words (same ids, so an image model's embedding
-    carries over) followed by the motion words, one more condition slot, and `video_data.FRAMES` frames."""
-    from specgen.modalities.image import video_data
-
-    image = default_vocab(num_codes, grid)
-    words = tuple(dict.fromkeys([*image.words, "moving", *video_data.MOTIONS]))
-    # "green Q moving left on white" is the longest prompt (6 words)
-    return ImageVocab(num_codes=num_codes, words=words, prefix_length=6, grid=grid, frames=video_data.FRAMES)

@@ -33,7 +33,7 @@ from specgen.samplers import trees
 from specgen.samplers.lantern import latent_neighbours
 from specgen.samplers.guided import GuidedTarget
 from specgen.samplers.jacobi import JacobiDrafter
-from specgen.samplers.policies import FixedLength
+from specgen.samplers.length_policies import FixedLength
 from specgen.samplers.processing import Processing
 from specgen.samplers.registry import get_method
 from specgen.samplers.stats import SpecStats

@@ -22,7 +22,7 @@ from specgen.modalities.pipeline import Generator, check_num_samples
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget
 from specgen.samplers.guided import GuidedTarget
 from specgen.samplers.jacobi import JacobiDrafter
-from specgen.samplers.policies import FixedLength
+from specgen.samplers.length_policies import FixedLength
 from specgen.samplers.processing import Processing
 from specgen.samplers.stats import SpecStats
 

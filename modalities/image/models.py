@@ -59,7 +59,7 @@ def _require(path: str | Path, what: str, files: tuple[str, ...]) -> Path:
     path = Path(path)
     if not path.is_dir() or not all((path / f).exists() for f in files):
         raise ModelNotFound(f"no image {what} in {str(path)!r} (expected {', '.join(files)}); train it with "
-                            "`python -m specgen.modalities.image.train`")
+                            "`python -m specgen.modalities.image.training.recipe`")
     return path
 
 

@@ -45,7 +45,7 @@ def load_vq(path: str | Path):
     if not (path / "config.json").exists():
         raise ModelNotFound(f"no VQ model in {str(path)!r} (expected config.json and "
                             "diffusion_pytorch_model.safetensors; train one with "
-                            "`python -m specgen.modalities.image.train --role vq`)")
+                            "`python -m specgen.modalities.image.training.recipe --role vq`)")
     df_logging.disable_progress_bar()
     return VQModel.from_pretrained(path, torch_dtype=torch.float32, local_files_only=True,
                                    low_cpu_mem_usage=False).float().eval()  # no accelerate needed
@@ -111,6 +111,6 @@ def psnr(a, b) -> float:
 
 def save_vq(vq, out_dir: str | Path) -> Path:
     """fp16 safetensors + config.json into out_dir (replaced as a whole)."""
-    from specgen.modalities.checkpoints import export_fp16
+    from specgen.modalities.training import export_fp16
 
     return export_fp16(vq, Path(out_dir), safe_serialization=True)

@@ -1,5 +1,6 @@
-"""Speech tokens: the offline corpus (`data`), the acoustic tokenizer and vocoder (`codec`), the text-conditioned
-speech token models and their trainer (`models`, `train`) and `SpeechGenerator` (`generator`)."""
+"""Speech tokens: the acoustic tokenizer and vocoder (`codec`), the text-conditioned speech token models
+(`models`, with the corpus' voices and alphabet in `voices`) and `SpeechGenerator` (`generator`); the offline
+corpus, the trainers and the quality measures in `training/`."""
 
 
 def __getattr__(name: str):

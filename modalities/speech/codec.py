@@ -132,7 +132,8 @@ class AcousticCodec:
         folder = Path(folder)
         if not (folder / "codebook.safetensors").exists() or not (folder / "config.json").exists():
             raise ModelNotFound(f"no acoustic codebook in {str(folder)!r} (expected codebook.safetensors and "
-                                "config.json; fit one with `python -m specgen.modalities.speech.train --role codec`)")
+                                "config.json; fit one with "
+                                "`python -m specgen.modalities.speech.training.recipe --role codec`)")
         d = json.loads((folder / "config.json").read_text())
         cfg = MelConfig(**{k: d[k] for k in MelConfig.__dataclass_fields__ if k in d})
         return cls(load_file(str(folder / "codebook.safetensors"))["centroids"], cfg)

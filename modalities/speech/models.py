@@ -3,7 +3,7 @@
 Two sequence layouts (`SpeechVocab.layout`):
 - `prefix`: [BOS, voice, text characters, BOA, acoustic tokens, EOS]; the model must find the alignment itself.
 - `interleaved`: [BOS, voice, text characters, BOA, c1, frames of c1, c2, frames of c2, ..., cn, frames, EOS]:
-  each character is spoken again at the frame where it starts (durations from `align.py`), so the model always
+  each character is spoken again at the frame where it starts (durations: `training/alignment.py`), so the model always
   sees which character it is saying. While generating, `SpokenInOrder` allows only the text's next character
   (or a frame, or EOS after the last character's frames), so the model chooses *when* to move on, never *where*.
 The text is read as characters, or as phonemes (`SpeechVocab.units`, `phonemes.py`: espeak-ng's transcription,
@@ -89,7 +89,7 @@ class SpeechVocab:
 
     def char_ids(self, text: str) -> list[int]:
         """The text's unit ids: one per character, or per phoneme and punctuation mark."""
-        from specgen.modalities.speech.data import ALPHABET
+        from specgen.modalities.speech.voices import ALPHABET
 
         if not isinstance(text, str) or not text.strip():
             raise InvalidRequest("the text to speak is empty")
@@ -166,12 +166,12 @@ class SpeechVocab:
 def default_vocab(num_tokens: int = 1024, layout: str = "prefix", inventory: tuple[str, ...] | None = None
                   ) -> SpeechVocab:
     """The corpus voices with characters, or with a phoneme inventory (`phonemes.inventory`) when given."""
-    from specgen.modalities.speech import data
+    from specgen.modalities.speech.voices import ALPHABET, VOICES
 
     if inventory:
-        return SpeechVocab(num_tokens=num_tokens, voices=tuple(data.VOICES), chars=tuple(inventory), layout=layout,
+        return SpeechVocab(num_tokens=num_tokens, voices=tuple(VOICES), chars=tuple(inventory), layout=layout,
                            units="phonemes")
-    return SpeechVocab(num_tokens=num_tokens, voices=tuple(data.VOICES), chars=data.ALPHABET, layout=layout)
+    return SpeechVocab(num_tokens=num_tokens, voices=tuple(VOICES), chars=ALPHABET, layout=layout)
 
 
 def assets_dir() -> Path:
@@ -208,7 +208,7 @@ def _require(path: str | Path, what: str, files: tuple[str, ...]) -> Path:
     path = Path(path)
     if not path.is_dir() or not all((path / f).exists() for f in files):
         raise ModelNotFound(f"no speech {what} in {str(path)!r} (expected {', '.join(files)}); train it with "
-                            "`python -m specgen.modalities.speech.train`")
+                            "`python -m specgen.modalities.speech.training.recipe`")
     return path
 
 

@@ -1,4 +1,4 @@
-"""Text modality: drafters, tokenizer handling and text models.
+"""Text modality: drafters, tokenizer handling and text models; their corpus and trainers in `training/`.
 
 `TextGenerator` is loaded on first access, so importing this package stays cheap."""
 

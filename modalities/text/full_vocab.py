@@ -14,10 +14,17 @@ import copy
 import torch
 
 
+def draft_index(vocab_ids: torch.Tensor, size: int, outside: int) -> torch.Tensor:
+    """[size] the draft row of every target id below `size`: its index in `vocab_ids`, `outside` for the rest
+    (a reduced draft's <unk> row, len(vocab_ids), or -1 to mark them)."""
+    vocab_ids = torch.as_tensor(vocab_ids, dtype=torch.long)
+    index = torch.full((size,), outside, dtype=torch.long)
+    index[vocab_ids] = torch.arange(len(vocab_ids))
+    return index
+
+
 def full_vocab_view(draft, vocab_ids: torch.Tensor, target_vocab_size: int):
     """A shallow copy of `draft` (shared weights) that takes target ids and returns target-vocabulary logits."""
-    from specgen.modalities.text.distill.teacher import draft_index
-
     vocab_ids = torch.as_tensor(vocab_ids, dtype=torch.long)
     to_draft = draft_index(vocab_ids, target_vocab_size, len(vocab_ids))  # outside -> the <unk> row
     base = type(draft)

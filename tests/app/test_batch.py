@@ -314,3 +314,14 @@ def test_rows_serve_greedy_text_items_together_with_the_one_by_one_results(pair,
     assert code == 2 and err.startswith("error:")
     with pytest.raises(batch_module.InvalidRequest, match="--rows"):
         batch_module.run_batch(source, tmp_path / "y.jsonl", model=pair[0], rows=4, online_draft=2)
+
+
+@pytest.mark.parametrize("params, flags", [({"top_p": 2}, ["--top-p", "2"]),
+                                           ({"max_new_tokens": 0}, ["--max-new-tokens", "0"]),
+                                           ({"temperature": -1}, ["--temperature", "-1"])])
+def test_a_bad_option_reads_the_same_in_a_batch_line_and_on_the_command_line(params, flags, capsys):
+    """One table of request options checks both, so the message is the same."""
+    with pytest.raises(batch_module.InvalidRequest) as info:
+        batch_module.parse_request({"id": 1, "modality": "text", "prompt": "x", "params": params}, 1)
+    code, _, err = run_cli(["generate", "text", "--prompt", "x", *flags], capsys)
+    assert code == 2 and err.strip().endswith(str(info.value))

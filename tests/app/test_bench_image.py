@@ -8,7 +8,7 @@ from PIL import Image
 from tiny_models import save_tiny_image_model
 
 from specgen.app.bench.image import run_bench_image, write_outputs
-from specgen.app.bench.text import load_prompts
+from specgen.app.bench.prompts import load_prompts
 from specgen.errors import InvalidRequest
 from specgen.modalities.image.generator import ImageGenerator
 
@@ -40,7 +40,7 @@ def test_bench_image_measures_every_method_and_window(generator, tmp_path):
     assert set(result["categories"]) == {"glyph", "digit"} and result["categories"]["glyph"]["entropy"] > 0
     for row in result["table"]:
         assert row["steps"] <= 16 and row["predicted_speedup"] > 0
-    paths = write_outputs(result, tmp_path)
+    paths = write_outputs(result, tmp_path).runs
     assert json.loads(paths["json"].read_text())["best"]["mc-sjd"]["window"] in (2, 4)
     text = paths["md"].read_text()
     assert "mc-sjd" in text and "Greedy exactness: 4 of 4" in text and "samples" in text

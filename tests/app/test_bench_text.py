@@ -10,8 +10,11 @@ import torch
 
 from tiny_models import save_tiny
 from specgen.app.bench import text as bench_text
-from specgen.app.bench.text import (Outcome, Prompt, Variant, bootstrap_median_ci, first_divergence, plan_variants,
-                                    rotated)
+from specgen.app.bench.prompts import Prompt
+from specgen.app.bench.runner import rotated
+from specgen.app.bench.stats import bootstrap_median_ci
+from specgen.app.bench.text_report import summarise
+from specgen.app.bench.text_runner import TIE_MARGIN, Outcome, Variant, first_divergence, plan_variants
 from specgen.app.cli import main
 from specgen.modalities.text.generator import TextGenerator
 from specgen.samplers.registry import method_names
@@ -223,8 +226,8 @@ def test_a_divergence_reports_its_index_and_the_target_margin(pair):
     ar_item, hf_item = items
     assert ar_item["identical_to_ar"] and ar_item["text"] == generator.tokenizer.decode(plain)
     assert not hf_item["identical_to_ar"] and hf_item["first_divergence"] == 3
-    assert hf_item["divergence_margin"] > bench_text.TIE_MARGIN  # a real flip of the argmax: flagged as a bug
-    methods = bench_text.summarise(items, variants, pooled)
+    assert hf_item["divergence_margin"] > TIE_MARGIN  # a real flip of the argmax: flagged as a bug
+    methods = summarise(items, variants, pooled)
     assert methods["hf"]["identical_to_ar"] is False and methods["hf"]["divergence_above_tie_margin"]
 
 
@@ -233,7 +236,7 @@ def test_hugging_face_assists_with_a_reduced_vocabulary_draft_through_its_full_v
     generation with it equals plain greedy decoding."""
     from transformers import AutoModelForCausalLM
 
-    from specgen.modalities.text.distill.teacher import shrink_vocab
+    from specgen.modalities.text.training.distill.teacher import shrink_vocab
     from specgen.modalities.text.full_vocab import full_vocab_view
 
     target = AutoModelForCausalLM.from_pretrained(pair[0]).eval()

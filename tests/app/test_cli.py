@@ -154,6 +154,28 @@ def test_help_lists_commands_and_methods(capsys):
         assert name in out
 
 
+REQUIRED = {"text": [], "image": ["--prompt", "cat", "--out", "x.png"], "video": ["--class", "3", "--out", "x.gif"],
+            "speech": ["--text", "hi", "--out", "x.wav"]}
+
+
+@pytest.mark.parametrize("modality", list(REQUIRED))
+def test_every_request_option_and_method_knob_is_a_generate_flag(modality, in_tmp):
+    """`generate` takes each request option (with its default) and each knob of every method of the modality."""
+    from specgen.app.cli import build_parser
+    from specgen.app.request_options import fields
+    from specgen.samplers.registry import knob_owners
+
+    parser = build_parser()
+    base = ["generate", modality, *REQUIRED[modality]]
+    for name, option in fields(modality).items():
+        assert getattr(parser.parse_args(base), name) == option.default
+        for flag in option.flags:
+            assert getattr(parser.parse_args([*base, flag, "1"]), name) == option.parse("1")
+    for knob in set(knob_owners(modality)) - set(fields(modality)):
+        args = parser.parse_args([*base, "--" + knob.replace("_", "-"), "3"])
+        assert getattr(args, "knob_" + knob) == "3"
+
+
 def test_version(capsys):
     code, out, _ = run(["--version"], capsys)
     assert (code, out.strip()) == (0, "specgen 0.1.0")

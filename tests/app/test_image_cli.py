@@ -54,7 +54,8 @@ def test_several_samples_make_one_grid(tiny, tmp_path, capsys):
 
 @pytest.mark.parametrize("extra,words", [
     (["--prompt", "purple Q"], "unknown word"),
-    (["--prompt", "red K", "--method", "ar", "--window", "8"], "Jacobi methods"),
+    (["--prompt", "red K", "--method", "ar", "--window", "8"],
+     "--window applies to sjd, mc-sjd, gumbel-sjd, not 'ar'"),
     (["--prompt", "red K", "--guidance", "-1"], "guidance_scale"),
 ])
 def test_bad_image_requests_give_one_error_line(tiny, tmp_path, capsys, extra, words):
@@ -76,8 +77,8 @@ def test_generate_image_with_lantern_plus_plus(tiny, tiny_head, tmp_path, capsys
 
 @pytest.mark.parametrize("extra,words", [
     (["--method", "lantern++", "--lam", "0.5"], "lam must be >= 1"),
-    (["--method", "eagle", "--lam", "2"], "no parameter"),
-    (["--method", "eagle", "--window", "4"], "Jacobi methods"),
+    (["--method", "eagle", "--lam", "2"], "--lam applies to lantern++, not 'eagle'"),
+    (["--method", "eagle", "--window", "4"], "--window applies to sjd, mc-sjd, gumbel-sjd"),
     (["--method", "eagle", "--shape", "bushy"], "tree shape"),
     (["--method", "lantern", "--delta", "2"], "delta must be <= 1"),
 ])

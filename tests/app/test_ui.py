@@ -14,7 +14,9 @@ from transformers import PreTrainedTokenizerFast
 
 from tiny_models import (free_port, save_tiny, save_tiny_image_head, save_tiny_image_model, save_tiny_speech_models,
                          serve)
-from specgen.app.ui import COLOR_MAP, IncrementalDetokenizer, build_demo
+from specgen.app.ui import build_demo
+from specgen.app.ui.detokenizer import IncrementalDetokenizer
+from specgen.app.ui.widgets import COLOR_MAP
 from specgen.modalities.text.generator import TextGenerator
 
 pytest.importorskip("gradio_client")
@@ -288,19 +290,19 @@ def test_every_request_hands_freed_memory_back(monkeypatch):
     the run finished or failed (benchmarks/memory-app.md measures the whole app)."""
     import gradio as gr
 
-    from specgen.app import ui
     from specgen.app.ui import models as ui_models
+    from specgen.app.ui import widgets
 
     calls = []
-    monkeypatch.setattr(ui, "release_freed_memory", lambda: calls.append(1))
+    monkeypatch.setattr(widgets, "release_freed_memory", lambda: calls.append(1))
 
     def failing():
         yield 1
         raise RuntimeError("boom")
 
-    assert list(ui.shown_in_ui(gr, "text", iter([1, 2]))) == [1, 2] and calls == [1]
+    assert list(widgets.shown_in_ui(gr, "text", iter([1, 2]))) == [1, 2] and calls == [1]
     with pytest.raises(gr.Error, match="generation failed: RuntimeError: boom"):
-        list(ui.shown_in_ui(gr, "text", failing()))
+        list(widgets.shown_in_ui(gr, "text", failing()))
     assert calls == [1, 1]
     if ui_models._glibc() is not None:  # glibc: the arena cap is accepted and trimming runs
         assert ui_models.limit_malloc_arenas(8) is True
@@ -337,11 +339,11 @@ def test_resident_memory_after_200_requests_stays_within_2_percent_of_after_20(c
 def test_the_text_tab_starts_knobs_from_the_served_models_preferences(tmp_path):
     """On Gemma the draft-length slider starts at the measured best length of the chosen method (not the
     registry's 5, which the request would then send); other models keep the registry default. Nothing loads."""
-    from specgen.app.ui import TextModels, _text_knobs
+    from specgen.app.ui.text import TextModels, text_knobs
     from specgen.modalities.text import gemma
     from specgen.samplers import registry
 
-    knob = next(k for k in _text_knobs() if k.name == "num_draft_tokens")
+    knob = next(k for k in text_knobs() if k.name == "num_draft_tokens")
     on_gemma = TextModels(model=gemma.ALIAS)
     assert on_gemma.knob_value(knob, "ngram") == gemma.DRAFT_LENGTH
     assert on_gemma.knob_value(knob, "draft") == gemma.MODEL_DRAFT_LENGTHS["draft"]

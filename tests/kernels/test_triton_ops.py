@@ -68,7 +68,7 @@ def test_ancestor_mask_matches_torch():
 def test_dispatch_forced_to_triton_gives_identical_generation():
     from specgen.samplers.acceptance import ChainRejection
     from specgen.samplers.loop import generate
-    from specgen.samplers.policies import FixedLength
+    from specgen.samplers.length_policies import FixedLength
     from specgen.samplers.processing import Processing
     from specgen.samplers.toy import TableDrafter, TableLM, TableTarget
 
@@ -243,7 +243,7 @@ def test_dispatch_forced_to_triton_gives_identical_jacobi_generation(coupling):
     from specgen.samplers.acceptance import ChainRejection
     from specgen.samplers.jacobi import JacobiDrafter
     from specgen.samplers.loop import generate
-    from specgen.samplers.policies import FixedLength
+    from specgen.samplers.length_policies import FixedLength
     from specgen.samplers.processing import Processing
     from specgen.samplers.toy import TableLM, TableTarget
 

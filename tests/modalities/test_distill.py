@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from specgen.modalities.text.distill.divergences import (adaspec_keep, draft_buckets, teacher_top_k,
+from specgen.modalities.text.training.distill.divergences import (adaspec_keep, draft_buckets, teacher_top_k,
                                                          token_divergence)
-from specgen.modalities.text.distill.teacher import frequent_vocab, restrict, shrink_vocab
+from specgen.modalities.text.training.distill.teacher import frequent_vocab, restrict, shrink_vocab
 from tests.tiny_models import save_tiny_pair
 
 
@@ -108,7 +108,7 @@ def test_shrunk_draft_scores_its_vocabulary_exactly_as_before(tmp_path):
 def test_restricted_top_k_cache_is_exact_when_k_covers_the_vocabulary_and_bounded_otherwise():
     """restrict_cache on a full-vocabulary top-k teacher: with k = vocabulary it equals the exactly restricted
     teacher; with a smaller k the kept entries never exceed their exact restricted probability."""
-    from specgen.modalities.text.distill.teacher import TeacherCache, restrict_cache
+    from specgen.modalities.text.training.distill.teacher import TeacherCache, restrict_cache
 
     target_logits = _laws(seed=11, n=8, vocab=30)[0].float()
     vocab_ids = torch.tensor([0, 3, 4, 7, 10, 12, 19, 25, 29])
@@ -137,8 +137,8 @@ def test_teacher_kept_while_sampling_equals_a_scoring_pass(tmp_path):
     the same top-k law a separate teacher-forced pass over the samples gives."""
     from transformers import AutoModelForCausalLM
 
-    from specgen.modalities.text.distill.data import Windows, sample_continuations, target_windows
-    from specgen.modalities.text.distill.teacher import score_windows
+    from specgen.modalities.text.training.distill.windows import Windows, sample_continuations, target_windows
+    from specgen.modalities.text.training.distill.teacher import score_windows
 
     target_path, _ = save_tiny_pair(tmp_path)
     model = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float64).eval()
@@ -161,7 +161,7 @@ def test_teacher_kept_while_sampling_equals_a_scoring_pass(tmp_path):
 # ---- the trainer on a tiny random pair over a few corpus files ---------------------------------------------------
 
 def _config(tmp_path, out, **overrides):
-    from specgen.modalities.text.distill.trainer import DistillConfig
+    from specgen.modalities.text.training.distill.distiller import DistillConfig
 
     target, draft = save_tiny_pair(tmp_path / "models", wide=True) if not (tmp_path / "models").exists() else (
         str(tmp_path / "models" / "target"), str(tmp_path / "models" / "draft"))
@@ -179,7 +179,7 @@ def _weights(run):
 
 @pytest.mark.parametrize("data", ["mix", "target"])
 def test_interrupted_run_resumes_to_the_same_weights(tmp_path, data):
-    from specgen.modalities.text.distill.trainer import train_draft
+    from specgen.modalities.text.training.distill.distiller import train_draft
 
     quiet = lambda text: None  # noqa: E731
     whole = train_draft(_config(tmp_path, tmp_path / "whole", data=data), say=quiet)
@@ -194,7 +194,7 @@ def test_interrupted_run_resumes_to_the_same_weights(tmp_path, data):
 
 def test_distillation_raises_heldout_acceptance(tmp_path):
     """A learning test that can fail: the held-out α of the distilled draft beats its starting point."""
-    from specgen.modalities.text.distill.trainer import train_draft
+    from specgen.modalities.text.training.distill.distiller import train_draft
 
     quiet = lambda text: None  # noqa: E731
     summary = train_draft(_config(tmp_path, tmp_path / "fkl", steps=40, lr=1e-2), say=quiet)
@@ -203,7 +203,7 @@ def test_distillation_raises_heldout_acceptance(tmp_path):
 
 
 def test_adaspec_trains_on_the_selected_fraction(tmp_path):
-    from specgen.modalities.text.distill.trainer import train_draft
+    from specgen.modalities.text.training.distill.distiller import train_draft
 
     quiet = lambda text: None  # noqa: E731
     train_draft(_config(tmp_path, tmp_path / "ref", steps=3), say=quiet)
@@ -216,7 +216,7 @@ def test_adaspec_trains_on_the_selected_fraction(tmp_path):
 def test_reduced_vocabulary_draft_decodes_exactly(tmp_path):
     """A draft over the most frequent tokens, mapped into target ids: greedy speculative output equals plain
     decoding, and it never proposes a token outside its vocabulary."""
-    from specgen.modalities.text.distill.trainer import train_draft
+    from specgen.modalities.text.training.distill.distiller import train_draft
     from specgen.modalities.text.generator import TextGenerator
 
     cfg = _config(tmp_path, tmp_path / "small", vocab_size=12, steps=3)
@@ -240,7 +240,7 @@ def test_greedy_samples_train_a_reduced_draft_and_resume_exactly(tmp_path):
     """--sample-temperature 0: greedy target samples, the teacher kept while sampling and restricted to a reduced
     vocabulary counted in the corpus and the samples, held-out greedy samples; an interrupted run ends on the
     same weights."""
-    from specgen.modalities.text.distill.trainer import prepare_samples, train_draft
+    from specgen.modalities.text.training.distill.distiller import prepare_samples, train_draft
 
     quiet = lambda text: None  # noqa: E731
     settings = dict(sample_temperature=0.0, vocab_size=14, vocab_from="corpus+samples", steps=4, init="scratch:64x1")
@@ -272,7 +272,7 @@ def test_a_scratch_draft_starts_from_the_targets_embedding_geometry(tmp_path):
     inner products follow the target's (up to the dropped directions and one scale)."""
     from transformers import AutoModelForCausalLM
 
-    from specgen.modalities.text.distill.trainer import embed_from_target
+    from specgen.modalities.text.training.distill.distiller import embed_from_target
     from specgen.modalities.text.models import build_model, draft_shape
     from specgen.modalities.text.generator import load_tokenizer
 
@@ -310,7 +310,7 @@ def test_cli_two_steps_then_resumes_and_rejects_bad_settings(tmp_path, capsys):
 def test_pruned_self_draft_trains_from_the_target_less_a_block(tmp_path):
     from safetensors.torch import load_file
 
-    from specgen.modalities.text.distill.trainer import train_draft
+    from specgen.modalities.text.training.distill.distiller import train_draft
 
     cfg = _config(tmp_path, tmp_path / "pruned", init="prune:1", loss="ce", steps=2)
     summary = train_draft(cfg, say=lambda text: None)
@@ -350,7 +350,8 @@ def test_demo_text_runs_feed_online_learning(tmp_path):
     """`specgen demo --online-draft I`: each Text-tab run with a draft feeds the learner; the panel and header say so."""
     import gradio as gr
 
-    from specgen.app.ui import TextModels, _stream_text, header_markdown
+    from specgen.app.ui.header import header_markdown
+    from specgen.app.ui.text import TextModels, stream_text
     from specgen.modalities.text.generator import TextGenerator
     from specgen.samplers import registry
 
@@ -361,14 +362,14 @@ def test_demo_text_runs_feed_online_learning(tmp_path):
     assert isinstance(gen, TextGenerator) and gen.online is not None and gen.online.interval == 1
     spec = registry.get_method("text", "draft")
     options = dict(temperature=0.0, top_p=1.0, seed=0, max_new_tokens=12)
-    *_, last = _stream_text(gr, gen, "def f(x):", "draft", spec, False, spec.resolve_knobs({}), options)
+    *_, last = stream_text(gr, gen, "def f(x):", "draft", spec, False, spec.resolve_knobs({}), options)
     assert last[3]["online_updates"] == 1 and "online draft updates so far" in last[1]
-    *_, plain = _stream_text(gr, gen, "def f(x):", "ar", registry.get_method("text", "ar"), False, {}, options)
+    *_, plain = stream_text(gr, gen, "def f(x):", "ar", registry.get_method("text", "ar"), False, {}, options)
     assert "online_updates" not in plain[3] and gen.online.updates == 1
 
 
 def test_caches_are_keyed_by_the_target_weights(tmp_path):
-    from specgen.modalities.text.distill.data import model_sha256
+    from specgen.modalities.text.training.distill.windows import model_sha256
 
     target, draft = save_tiny_pair(tmp_path / "models")
     assert model_sha256(target) == model_sha256(target) != model_sha256(draft)
@@ -404,7 +405,7 @@ def test_reduced_vocabulary_draft_samples_the_target_and_a_misreported_law_is_ca
     from specgen.samplers.chisquare import goodness_of_fit
     from specgen.samplers.loop import generate
     from specgen.samplers.oracle import target_joint
-    from specgen.samplers.policies import FixedLength
+    from specgen.samplers.length_policies import FixedLength
     from specgen.samplers.processing import Processing
 
     def tiny(seed, layers, hidden):
@@ -466,7 +467,7 @@ def test_draft_lookup_defers_the_forwards_of_looked_up_slots(tmp_path):
     from specgen.modalities.runtime.transformers_adapter import TransformersTarget
     from specgen.samplers.acceptance import ChainRejection
     from specgen.samplers.loop import generate
-    from specgen.samplers.policies import FixedLength
+    from specgen.samplers.length_policies import FixedLength
     from specgen.samplers.processing import Processing
 
     target_path, draft_path = save_tiny_pair(tmp_path)
@@ -494,7 +495,7 @@ def test_draft_lookup_runs_no_draft_forward_when_lookup_fills_every_slot(tmp_pat
     from specgen.modalities.runtime.transformers_adapter import TransformersTarget
     from specgen.samplers.acceptance import ChainRejection
     from specgen.samplers.loop import generate
-    from specgen.samplers.policies import FixedLength
+    from specgen.samplers.length_policies import FixedLength
     from specgen.samplers.processing import Processing
 
     target_path, draft_path = save_tiny_pair(tmp_path)

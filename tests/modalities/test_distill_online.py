@@ -6,7 +6,7 @@ import torch
 
 from tiny_models import save_tiny_pair
 from specgen.errors import InvalidRequest
-from specgen.modalities.text.distill.online import OnlineDistiller, run_stream, training_positions
+from specgen.modalities.text.training.distill.online import OnlineDistiller, run_stream, training_positions
 from specgen.modalities.text.generator import TextGenerator
 from specgen.samplers.types import StepEvent, TokenSource
 

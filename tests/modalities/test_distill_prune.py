@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specgen.errors import InvalidRequest
-from specgen.modalities.text.distill.prune import angular_distances, drop_layers, least_distance_block, prune_report
+from specgen.modalities.text.training.distill.prune import angular_distances, drop_layers, least_distance_block, prune_report
 
 torch.set_num_threads(1)
 LAYERS, VOCAB = 5, 40
@@ -155,7 +155,7 @@ def test_angular_distance_by_hand():
 
 def code_windows(count, length, max_files=5):
     """`count` evenly spaced, non-overlapping windows of the corpus tokenized as in training (<bos> text <eos>)."""
-    from specgen.modalities.text.corpus import load_corpus
+    from specgen.modalities.text.training.stdlib_corpus import load_corpus
     from specgen.modalities.text.models import ASSETS_CODE, load_tokenizer
 
     tok = load_tokenizer(ASSETS_CODE)

@@ -17,7 +17,7 @@ from specgen.modalities.text.ngram import PromptLookupDrafter
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget
 from specgen.samplers.acceptance import GreedyMatch
 from specgen.samplers.loop import generate
-from specgen.samplers.policies import FixedLength
+from specgen.samplers.length_policies import FixedLength
 from specgen.samplers.processing import Processing
 from tiny_models import save_tiny, save_tiny_gemma_served, score_tree, tiny_gemma3
 
@@ -224,7 +224,8 @@ def test_real_gemma_with_its_shipped_draft_decodes_exactly():
     """The shipped reduced-vocabulary draft on the real served Gemma: greedy speculative output equals plain
     decoding, drafts are accepted, and Hugging Face's assisted generation through its full-vocabulary view
     gives the same tokens."""
-    from specgen.app.bench.text import Prompt, Runner, Variant
+    from specgen.app.bench.prompts import Prompt
+    from specgen.app.bench.text_runner import Runner, Variant
     from specgen.modalities.text.generator import TextGenerator
 
     generator = TextGenerator()
@@ -241,7 +242,8 @@ def test_real_gemma_with_its_shipped_draft_decodes_exactly():
 
 
 def test_the_demo_header_says_why_this_text_model(monkeypatch):
-    from specgen.app.ui import TextModels, header_markdown
+    from specgen.app.ui.header import header_markdown
+    from specgen.app.ui.text import TextModels
 
     monkeypatch.setattr(gemma, "extra_installed", lambda: False)
     assert "needs the gemma extra" in header_markdown(TextModels())
@@ -257,7 +259,7 @@ def test_distilling_a_draft_for_the_gemma_target(tmp_path, monkeypatch):
 
     from specgen.errors import InvalidRequest
     from specgen.modalities.text import generator as generator_module
-    from specgen.modalities.text.distill.trainer import DistillConfig, train_draft
+    from specgen.modalities.text.training.distill.distiller import DistillConfig, train_draft
 
     monkeypatch.setenv("SPECGEN_HOME", str(tmp_path / "home"))
     save_tiny_gemma_served(gemma.served_dir(), seed=5)
@@ -272,7 +274,8 @@ def test_distilling_a_draft_for_the_gemma_target(tmp_path, monkeypatch):
 
 
 def test_the_demo_header_shows_the_first_time_conversion(monkeypatch):
-    from specgen.app.ui import TextModels, conversion_progress, header_markdown
+    from specgen.app.ui.header import conversion_progress, header_markdown
+    from specgen.app.ui.text import TextModels
 
     monkeypatch.setattr(gemma, "extra_installed", lambda: True)
     models = TextModels()

@@ -5,49 +5,46 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from specgen.modalities.image import data
-from specgen.modalities.image.conditions import (
-    EXAMPLE_PROMPTS,
-    ImageVocab,
-    default_vocab,
-)
+from specgen.modalities.image.training import images
+from specgen.modalities.image.conditions import EXAMPLE_PROMPTS, ImageVocab
+from specgen.modalities.image.training.token_models import default_vocab
 
 from specgen.errors import InvalidRequest, ModelNotFound
 
 
 def test_items_are_deterministic_and_independent_of_the_slice():
-    a = data.make_dataset(20, seed=5)
-    b = data.make_dataset(20, seed=5)
+    a = images.make_dataset(20, seed=5)
+    b = images.make_dataset(20, seed=5)
     assert a.images.shape == (20, 64, 64, 3) and a.images.dtype == np.uint8
     assert np.array_equal(a.images, b.images) and a.prompts == b.prompts
-    tail = data.make_dataset(5, seed=5, start=15)  # item i does not depend on the items before it
+    tail = images.make_dataset(5, seed=5, start=15)  # item i does not depend on the items before it
     assert np.array_equal(tail.images, a.images[15:]) and tail.classes == a.classes[15:]
-    assert not np.array_equal(data.make_dataset(20, seed=6).images, a.images)
-    assert not np.array_equal(data.make_dataset(20, seed=5, split="val").images, a.images)
+    assert not np.array_equal(images.make_dataset(20, seed=6).images, a.images)
+    assert not np.array_equal(images.make_dataset(20, seed=5, split="val").images, a.images)
 
 
 def test_sources_mix_in_fixed_proportions_with_matching_prompts():
-    d = data.make_dataset(30, seed=0)
-    assert [d.sources.count(s) for s in data.SOURCES] == [18, 6, 6]
+    d = images.make_dataset(30, seed=0)
+    assert [d.sources.count(s) for s in images.SOURCES] == [18, 6, 6]
     for cls, prompt, source in zip(d.classes, d.prompts, d.sources):
         if source == "glyph":
             fg, char, on, bg = prompt.split()
-            assert char == cls and on == "on" and fg != bg and {fg, bg} <= set(data.PALETTE)
+            assert char == cls and on == "on" and fg != bg and {fg, bg} <= set(images.PALETTE)
         elif source == "digit":
             assert cls.startswith("digit ") and (prompt == cls or f" {cls} on " in prompt)
         else:
-            assert prompt == f"photo of {cls}" and cls in data.PHOTOS
+            assert prompt == f"photo of {cls}" and cls in images.PHOTOS
 
 
 def test_per_source_items_and_rendering():
-    photos = data.source_items("photo", 4, seed=1)
+    photos = images.source_items("photo", 4, seed=1)
     assert set(photos.sources) == {"photo"} and photos.images.shape == (4, 64, 64, 3)
-    img = data.render_glyph("K", "red", "blue")
-    assert tuple(img[0, 0]) == data.PALETTE["blue"] and (img == data.PALETTE["red"]).all(axis=2).any()
+    img = images.render_glyph("K", "red", "blue")
+    assert tuple(img[0, 0]) == images.PALETTE["blue"] and (img == images.PALETTE["red"]).all(axis=2).any()
     with pytest.raises(InvalidRequest, match="source"):
-        data.source_items("video", 1)
+        images.source_items("video", 1)
     with pytest.raises(InvalidRequest, match="split"):
-        data.make_item(0, split="test")
+        images.make_item(0, split="test")
 
 
 def test_vocab_layout_and_prompts():
@@ -63,7 +60,7 @@ def test_vocab_layout_and_prompts():
     assert len(un) == len(ids) and un[1:-1].eq(v.null).all()
     for prompt in EXAMPLE_PROMPTS:
         v.prompt_ids(prompt)
-    for item in data.make_dataset(40).prompts:  # every dataset prompt and class is expressible
+    for item in images.make_dataset(40).prompts:  # every dataset prompt and class is expressible
         v.prompt_ids(item)
 
 

@@ -57,5 +57,5 @@ def test_bad_requests_get_clear_errors(grid4):
         generator.generate("red K", method="medusa")
     with pytest.raises(InvalidRequest, match="window"):
         generator.generate("red K", method="mc-sjd", window=1)
-    with pytest.raises(InvalidRequest, match="initialisation"):
+    with pytest.raises(InvalidRequest, match="init must be one of random, left"):
         generator.generate("red K", method="mc-sjd", init="zeros")

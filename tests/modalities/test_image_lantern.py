@@ -90,7 +90,7 @@ def test_head_requests_get_clear_errors(grid4, tmp_path):
 
 
 def test_head_training_resumes_and_exports(tmp_path):
-    from specgen.modalities.image.eagle_head.train import HeadConfig, train_head
+    from specgen.modalities.image.training.eagle_head import HeadConfig, train_head
 
     options = dict(run_dir=str(tmp_path / "run"), chunks=2, chunk_size=2, batch_size=2, eval_every=1)
     train_head(HeadConfig(steps=2, **options))

@@ -9,7 +9,7 @@ import pytest
 import torch
 from specgen.modalities.image.conditions import ImageVocab
 from specgen.modalities.image.models import load_image_lm, load_image_vocab
-from specgen.modalities.image.train import main
+from specgen.modalities.image.training.recipe import main
 from specgen.modalities.image.vq import load_vq
 
 from specgen.errors import InvalidRequest, ModelNotFound
@@ -94,9 +94,9 @@ def test_reference_sampler_gives_image_codes(trained_vq, tmp_path):
 
 
 def test_video_model_starts_from_an_image_model_then_resumes(trained_vq, tmp_path):
-    from specgen.modalities.image.conditions import video_vocab
+    from specgen.modalities.image.training.token_models import video_vocab
     from specgen.modalities.image.models import build_image_lm
-    from specgen.modalities.image.train import start_from
+    from specgen.modalities.image.training.token_models import start_from
 
     image = tmp_path / "image"
     assert main(["--role", "target", "--steps", "1", "--run-dir", str(tmp_path / "image-run"), "--vq",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from specgen.modalities.image import data
+from specgen.modalities.image.training import images as image_data
 from specgen.modalities.image.models import default_paths
 from specgen.modalities.image.vq import build_vq, decode, encode, load_vq, psnr, save_vq
 
@@ -26,7 +26,7 @@ def tiny_vq():
 
 
 def test_encode_decode_shapes(tiny_vq):
-    images = data.make_dataset(3, seed=1).images[:, :16, :16]
+    images = image_data.make_dataset(3, seed=1).images[:, :16, :16]
     codes = encode(tiny_vq, images)
     assert codes.shape == (3, 8, 8) and codes.dtype == torch.int64
     assert codes.min() >= 0 and codes.max() < 16
@@ -59,7 +59,7 @@ def test_save_load_round_trip(tiny_vq, tmp_path):
     save_vq(tiny_vq, tmp_path / "vq")
     loaded = load_vq(tmp_path / "vq")
     assert next(loaded.parameters()).dtype == torch.float32  # shipped fp16, run in fp32
-    images = data.make_dataset(2, seed=2).images[:, :16, :16]
+    images = image_data.make_dataset(2, seed=2).images[:, :16, :16]
     assert (encode(loaded, images) == encode(tiny_vq, images)).float().mean() > 0.9
 
 
@@ -68,7 +68,7 @@ def test_shipped_vq_reconstructs_glyphs():
     if not (path / "config.json").exists():
         pytest.skip("assets/image/vq is not shipped")
     vq = load_vq(path)
-    glyphs = data.source_items("glyph", 32, seed=0, split="val").images
+    glyphs = image_data.source_items("glyph", 32, seed=0, split="val").images
     codes = encode(vq, glyphs)
     assert codes.shape == (32, 16, 16)
     assert psnr(decode(vq, codes), glyphs) >= SHIPPED_GLYPH_PSNR_MIN

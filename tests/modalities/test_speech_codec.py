@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from specgen.errors import InvalidRequest, ModelNotFound
-from specgen.modalities.speech import codec, data
+from specgen.modalities.speech import codec
+from specgen.modalities.speech.training import spoken_corpus
 
 
 @pytest.fixture(autouse=True)
@@ -82,35 +83,35 @@ def test_bad_inputs_get_clear_errors(tmp_path):
 
 
 def test_sentences_are_speakable_and_reproducible():
-    first = data.sentences(20, seed=3)
-    assert first == data.sentences(20, seed=3) and len(set(first)) == 20
-    assert all(data.is_speakable(s) for s in first)
-    assert data.normalise("Don\u2019t  PANIC") == "don't panic"
+    first = spoken_corpus.sentences(20, seed=3)
+    assert first == spoken_corpus.sentences(20, seed=3) and len(set(first)) == 20
+    assert all(spoken_corpus.is_speakable(s) for s in first)
+    assert spoken_corpus.normalise("Don\u2019t  PANIC") == "don't panic"
     with pytest.raises(InvalidRequest, match="voice"):
-        data.synthesise("hello", "nobody")
+        spoken_corpus.synthesise("hello", "nobody")
 
 
 @pytest.mark.skipif(not (shutil.which("espeak-ng") and shutil.which("flite")), reason="espeak-ng and flite needed")
 def test_corpus_resumes_and_records_speed(tmp_path):
     voices = ("slt", "en-us-f3")
-    summary = data.build_corpus(tmp_path, 3, voices=voices, progress=False)
+    summary = spoken_corpus.build_corpus(tmp_path, 3, voices=voices, progress=False)
     assert summary["utterances"] == 3 and summary["voices"] == sorted(voices)
     assert set(summary["engines"]) == {"flite", "espeak-ng"} and summary["bytes"] > 0
     before = (tmp_path / "manifest.jsonl").read_text()
     with open(tmp_path / "manifest.jsonl", "a") as f:
         f.write('{"id": "torn')  # a kill mid-line
-    summary = data.build_corpus(tmp_path, 4, voices=voices, progress=False)
+    summary = spoken_corpus.build_corpus(tmp_path, 4, voices=voices, progress=False)
     lines = (tmp_path / "manifest.jsonl").read_text().splitlines()
     assert len(lines) == 4 and "\n".join(lines[:3]) + "\n" == before
-    utt = data.read_manifest(tmp_path)[0]
+    utt = spoken_corpus.read_manifest(tmp_path)[0]
     audio = codec.read_wav(tmp_path / utt.file)
     assert abs(len(audio) / 16000 - utt.seconds) < 1e-3 and json.loads(lines[3])["voice"] == "en-us-f3"
 
 
 @pytest.mark.skipif(not (shutil.which("flite")), reason="flite needed")
 def test_an_evaluation_set_starts_past_the_corpus(tmp_path):
-    summary = data.build_corpus(tmp_path, 5, voices=("slt",), progress=False, start=3)
+    summary = spoken_corpus.build_corpus(tmp_path, 5, voices=("slt",), progress=False, start=3)
     assert summary["utterances"] == 2
-    assert [u.text for u in data.read_manifest(tmp_path)] == data.sentences(5)[3:]
+    assert [u.text for u in spoken_corpus.read_manifest(tmp_path)] == spoken_corpus.sentences(5)[3:]
     with pytest.raises(InvalidRequest, match="start"):
-        data.build_corpus(tmp_path, 5, voices=("slt",), progress=False, start=5)
+        spoken_corpus.build_corpus(tmp_path, 5, voices=("slt",), progress=False, start=5)

@@ -77,13 +77,13 @@ def test_missing_model_is_one_error_line(tmp_path, capsys):
 
 
 def test_bench_speech_compares_ar_and_sd(models, tmp_path, capsys, monkeypatch):
-    from specgen.app.cli import speech as speech_commands
+    from specgen.app.bench import speech as speech_bench
     from specgen.modalities.speech.generator import SpeechGenerator
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "text": "hello there"}\n{"id": "b", "text": "good night", "voice": "awb"}\n')
     generator = SpeechGenerator(models[1], models[3], models[5])
-    result = speech_commands.run_bench_speech(prompts_path=prompts, max_new_tokens=12, generator=generator)
+    result = speech_bench.run_bench_speech(prompts_path=prompts, max_new_tokens=12, generator=generator)
     assert set(result["methods"]) == {"ar", "sd", "ssd", "pcg"}  # every speech method by default
     sd = result["methods"]["sd"]
     assert sd["identical_to_ar"] is True and sd["tau"] >= 1 and sd["speedup_vs_ar"] > 0
@@ -92,7 +92,7 @@ def test_bench_speech_compares_ar_and_sd(models, tmp_path, capsys, monkeypatch):
     pcg, ssd = result["methods"]["pcg"], result["methods"]["ssd"]
     assert pcg["lossless"] is False and pcg["acceptance_level"] == "group" and 0 <= pcg["exact_alpha_hat"] <= 1
     assert ssd["acceptance_level"] == "tolerance" and "exact_alpha_hat" not in sd
-    markdown = speech_commands.render_markdown(result)
+    markdown = speech_bench.render_markdown(result)
     assert "| `sd` |" in markdown and "| `pcg` | no |" in markdown and "(group; exact" in markdown
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a"}\n')

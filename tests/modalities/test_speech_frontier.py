@@ -12,9 +12,9 @@ from tiny_models import save_tiny_speech_corpus, save_tiny_speech_models
 
 from specgen.app.cli import main
 from specgen.app.bench.speech_frontier import QualityBound, choose_theta
-from specgen.modalities.speech.quality import bootstrap_mean_ci
+from specgen.modalities.speech.training.quality import bootstrap_mean_ci
 from specgen.modalities.speech.codec import AcousticCodec
-from specgen.modalities.speech.quality import VoiceProfiles, load_corpus, separation, swap_test
+from specgen.modalities.speech.training.quality import VoiceProfiles, load_corpus, separation, swap_test
 from specgen.samplers.groups import build_groups
 
 
@@ -26,13 +26,13 @@ def tiny(tmp_path_factory):
 
 
 def test_theta_sweep_runs_end_to_end_and_writes_report_and_plot(tiny, tmp_path):
-    from specgen.app.cli import speech as speech_commands
+    from specgen.app.bench import speech as speech_bench
     from specgen.modalities.speech.generator import SpeechGenerator
 
     target, draft, codec, corpus = tiny
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "text": "good night"}\n{"id": "b", "text": "open the box", "voice": "awb"}\n')
-    result = speech_commands.run_bench_speech(prompts_path=prompts, max_new_tokens=10,
+    result = speech_bench.run_bench_speech(prompts_path=prompts, max_new_tokens=10,
                                               generator=SpeechGenerator(target, draft, codec), thetas=[1.0, 0.25],
                                               quality=True, corpus=corpus, swap_utterances=3)
     assert set(result) == {"methods", "items", "env", "frontier"}  # the bench contract, plus the frontier
@@ -59,7 +59,7 @@ def test_theta_sweep_runs_end_to_end_and_writes_report_and_plot(tiny, tmp_path):
     assert swaps[0.25]["swapped_fraction"] > 0
     assert frontier["speaker_proxy"]["utterances"] == 3 and frontier["choice"]["bound"]["delta_wer_max"] == 0.03
 
-    paths = speech_commands.write_bench_speech(result, tmp_path / "out")
+    paths = speech_bench.write_bench_speech(result, tmp_path / "out").runs
     assert set(paths) == {"json", "md", "png"}
     for name in ("speech-frontier-latest.json", "speech-frontier-latest.md", "speech-frontier-latest.png"):
         assert (tmp_path / "out" / name).exists()

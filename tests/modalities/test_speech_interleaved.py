@@ -10,7 +10,7 @@ import torch
 from tiny_models import save_tiny_speech_models
 
 from specgen.errors import InvalidRequest
-from specgen.modalities.speech.align import best_alignment
+from specgen.modalities.speech.training.alignment import best_alignment
 from specgen.modalities.speech.generator import SpeechGenerator, SpokenInOrder
 from specgen.modalities.speech.models import SpeechVocab
 from specgen.samplers import loop
@@ -182,11 +182,11 @@ def test_trees_are_refused_under_a_prefix_constraint(tiny):
 @pytest.mark.skipif(not __import__("shutil").which("flite"), reason="flite needed")
 def test_evaluation_reports_generated_speech_against_the_ceiling(tiny, tmp_path):
     pytest.importorskip("pocketsphinx")
-    from specgen.modalities.speech import data
-    from specgen.modalities.speech.evaluate import evaluate, summarise, wer_interval
+    from specgen.modalities.speech.training import spoken_corpus
+    from specgen.modalities.speech.training.evaluate import evaluate, summarise, wer_interval
 
     target, draft, codec = tiny
-    data.build_corpus(tmp_path, 2, voices=("slt",), progress=False)
+    spoken_corpus.build_corpus(tmp_path, 2, voices=("slt",), progress=False)
     report = evaluate(tmp_path, codec, n=2, model=target, draft=draft, true_mel=False, method="sd")
     generic = report["wer"]["generic_lm"]
     assert set(generic["ci95"]) == {"original", "gl_tokens", "generated"} and "gl_true_mel" not in generic

@@ -168,9 +168,9 @@ def test_phoneme_vocabulary_reads_text_and_round_trips(tmp_path):
 
 
 def test_phoneme_alignment_trains_a_model_that_speaks_in_order(tmp_path):
-    from specgen.modalities.speech.align import align_corpus, load_durations, load_inventory
     from specgen.modalities.speech.generator import SpeechGenerator
-    from specgen.modalities.speech.train import TrainConfig, train
+    from specgen.modalities.speech.training.alignment import align_corpus, load_durations, load_inventory
+    from specgen.modalities.speech.training.token_models import TrainConfig, train
 
     texts, lengths = save_say_corpus(tmp_path)
     report = align_corpus(tmp_path, tmp_path / "codec", held_out=4, gaussian_rounds=1, network_rounds=1,
@@ -200,7 +200,7 @@ def test_phoneme_alignment_trains_a_model_that_speaks_in_order(tmp_path):
 
 
 def test_encoding_appends_an_encoded_corpus_after_new_audio(tmp_path):
-    from specgen.modalities.speech.train import encode_corpus, load_tokens
+    from specgen.modalities.speech.training.codebook import encode_corpus, load_tokens
 
     codec = AcousticCodec(torch.randn(16, 80, generator=torch.Generator().manual_seed(0)))
     codec.save(tmp_path / "codec")

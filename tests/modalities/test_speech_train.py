@@ -13,7 +13,8 @@ from tiny_models import save_say_corpus
 from specgen.errors import InvalidRequest
 from specgen.modalities.speech.codec import AcousticCodec
 from specgen.modalities.speech.generator import SpeechGenerator
-from specgen.modalities.speech.train import TrainConfig, load_tokens, train
+from specgen.modalities.speech.training.codebook import load_tokens
+from specgen.modalities.speech.training.token_models import TrainConfig, train
 
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=128)
@@ -94,7 +95,7 @@ def test_train_speech_command_runs_two_steps_then_resumes(tmp_path, capsys):
 
 def test_aligned_corpus_trains_the_interleaved_layout(tmp_path):
     """align -> durations.npz -> an interleaved bf16 run -> an export whose generation speaks the text in order."""
-    from specgen.modalities.speech.align import align_corpus, load_durations
+    from specgen.modalities.speech.training.alignment import align_corpus, load_durations
 
     texts, lengths = save_say_corpus(tmp_path)
     report = align_corpus(tmp_path, tmp_path / "codec", held_out=4, gaussian_rounds=1, network_rounds=1,
@@ -125,7 +126,7 @@ def test_distillation_from_a_teacher_lowers_the_kl(token_file, tmp_path):
 
 
 def test_input_noise_replaces_only_generated_acoustic_inputs(token_file, tmp_path):
-    from specgen.modalities.speech.train import LMTask
+    from specgen.modalities.speech.training.token_models import LMTask
 
     clean = LMTask(config(token_file, tmp_path / "clean", 1))
     noisy = LMTask(config(token_file, tmp_path / "noisy", 1, input_noise=0.3))
@@ -154,8 +155,8 @@ def test_input_noise_replaces_only_generated_acoustic_inputs(token_file, tmp_pat
 
 def test_init_starts_from_an_exported_model(token_file, tmp_path):
     train(config(token_file, tmp_path / "base", 2, out=str(tmp_path / "base-export")))
-    from specgen.modalities.speech.train import LMTask
     from specgen.modalities.speech.models import load_speech_lm
+    from specgen.modalities.speech.training.token_models import LMTask
 
     task = LMTask(config(token_file, tmp_path / "ft", 1, init=str(tmp_path / "base-export")))
     start = load_speech_lm(tmp_path / "base-export")
@@ -167,7 +168,7 @@ def test_init_starts_from_an_exported_model(token_file, tmp_path):
 
 
 def test_model_noise_feeds_the_models_own_samples(token_file, tmp_path):
-    from specgen.modalities.speech.train import LMTask
+    from specgen.modalities.speech.training.token_models import LMTask
 
     clean = LMTask(config(token_file, tmp_path / "clean", 1))
     task = LMTask(config(token_file, tmp_path / "own", 1, input_noise=0.5, noise_source="model"))

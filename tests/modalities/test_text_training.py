@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from specgen.modalities.text.corpus import load_corpus
 from specgen.modalities.text.models import ASSETS_CODE, load_tokenizer
-from specgen.modalities.text.train import main, train_text_model
+from specgen.modalities.text.training.code_models import CodeModelConfig, main, train_text_model
+from specgen.modalities.text.training.stdlib_corpus import load_corpus
 
 TINY = dict(batch_size=2, seq_len=16, seed=3, threads=1, log_every=1, max_files=6, val_windows=4)
 
@@ -30,7 +30,7 @@ def test_corpus_is_stdlib_code_without_tests_or_third_party():
 @pytest.mark.parametrize("role", ["draft", "target"])
 def test_two_steps_checkpoint_and_resume(role, tmp_path):
     run, export = tmp_path / "run", tmp_path / "export"
-    first = train_text_model(role, run, steps=2, export_dir=export, **TINY)
+    first = train_text_model(CodeModelConfig(role, run, steps=2, export_dir=export, **TINY))
     assert math.isfinite(first["final_train_loss"]) and math.isfinite(first["final_val_loss"])
     assert (run / "checkpoint.pt").exists() and (export / role / "model.safetensors").exists()
     assert (export / "tokenizer.json").exists()
@@ -39,14 +39,14 @@ def test_two_steps_checkpoint_and_resume(role, tmp_path):
 
     with open(run / "metrics.jsonl", "a") as f:  # as if killed after logging step 3 but before its checkpoint
         f.write(json.dumps({"step": 3, "loss": 99.0}) + "\n")
-    resumed = train_text_model(role, run, steps=4, export_dir=export, **TINY)
+    resumed = train_text_model(CodeModelConfig(role, run, steps=4, export_dir=export, **TINY))
     assert resumed["resumed_from_steps"] == [2]
     steps = [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
     assert steps == [1, 2, 3, 4]  # continued from step 2, not from 0, and the lost step 3 was redone
 
     if role == "draft":  # resuming lands on exactly the batches and weights of an uninterrupted run
         straight = tmp_path / "straight"
-        train_text_model(role, straight, steps=4, export_dir=None, **TINY)
+        train_text_model(CodeModelConfig(role, straight, steps=4, export_dir=None, **TINY))
         losses = [[r["loss"] for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
                   for d in (run, straight)]
         assert losses[0] == losses[1]
@@ -54,7 +54,7 @@ def test_two_steps_checkpoint_and_resume(role, tmp_path):
 
 def test_cli_finalize_card_writes_readme_and_manifest(tmp_path):
     export = tmp_path / "assets" / "code"
-    train_text_model("draft", tmp_path / "run", steps=1, export_dir=export, **TINY)
+    train_text_model(CodeModelConfig("draft", tmp_path / "run", steps=1, export_dir=export, **TINY))
     assert main(["--finalize-card", "--export-dir", str(export)]) == 0
     assert "Draft" in (export / "README.md").read_text()
     manifest = json.loads((tmp_path / "assets" / "MANIFEST.json").read_text())

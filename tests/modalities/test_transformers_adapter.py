@@ -14,7 +14,7 @@ from specgen.samplers.acceptance import ChainRejection, GreedyMatch
 from specgen.samplers.chisquare import goodness_of_fit
 from specgen.samplers.loop import generate
 from specgen.samplers.oracle import target_joint
-from specgen.samplers.policies import FixedLength
+from specgen.samplers.length_policies import FixedLength
 from specgen.samplers.processing import Processing
 
 VOCAB = 48

@@ -9,8 +9,8 @@ from PIL import Image
 from tiny_models import GuidedTransformers, save_tiny_image_model
 
 from specgen.errors import InvalidRequest
-from specgen.modalities.image import video_data
-from specgen.modalities.image.conditions import video_vocab
+from specgen.modalities.image.training import clips
+from specgen.modalities.image.training.token_models import video_vocab
 from specgen.modalities.image.generator import CodesOnly, ImageGenerator
 from specgen.modalities.image.video import filmstrip, save_video
 from specgen.samplers.chisquare import goodness_of_fit
@@ -80,18 +80,18 @@ def test_gif_and_filmstrip(tmp_path):
 
 
 def test_clips_move_one_token_a_frame():
-    clip, cls, prompt = video_data.clip_item(3)
-    assert clip.shape == (video_data.FRAMES, 64, 64, 3) and clip.dtype == np.uint8
+    clip, cls, prompt = clips.clip_item(3)
+    assert clip.shape == (clips.FRAMES, 64, 64, 3) and clip.dtype == np.uint8
     words = prompt.split()
-    assert cls == f"{words[1]} moving {words[3]}" and words[2] == "moving" and words[3] in video_data.MOTIONS
-    dx, dy = video_data.MOTIONS[words[3]]
-    shifted = np.roll(clip[0].astype(int), (dy * video_data.STEP_PX, dx * video_data.STEP_PX), axis=(0, 1))
+    assert cls == f"{words[1]} moving {words[3]}" and words[2] == "moving" and words[3] in clips.MOTIONS
+    dx, dy = clips.MOTIONS[words[3]]
+    shifted = np.roll(clip[0].astype(int), (dy * clips.STEP_PX, dx * clips.STEP_PX), axis=(0, 1))
     assert np.array_equal(shifted[8:-8, 8:-8], clip[1][8:-8, 8:-8].astype(int))  # the glyph moved, nothing else
     assert not np.array_equal(clip[0], clip[1])
-    again, _, _ = video_data.clip_item(3)
+    again, _, _ = clips.clip_item(3)
     assert np.array_equal(clip, again)  # a pure function of (seed, split, index)
     vocab = video_vocab()
-    assert vocab.frames == video_data.FRAMES and vocab.image_tokens == video_data.FRAMES * 256
+    assert vocab.frames == clips.FRAMES and vocab.image_tokens == clips.FRAMES * 256
     assert len(vocab.condition_ids(prompt)) == 6 and vocab.condition_ids("red K on blue")
     with pytest.raises(InvalidRequest, match="motion"):
-        video_data.render_clip("K", "red", "blue", "sideways")
+        clips.render_clip("K", "red", "blue", "sideways")

@@ -16,7 +16,7 @@ from specgen.samplers.loop import generate
 from specgen.samplers.noise import Purpose, chain_noise, counter_uniform
 from specgen.samplers.oracle import (chain_proposals, exact_group_output, exact_output, group_marginals, max_abs_diff,
                                      target_joint)
-from specgen.samplers.policies import FixedLength
+from specgen.samplers.length_policies import FixedLength
 from specgen.samplers.processing import Processing
 from specgen.samplers.toy import TableDrafter, TableLM, TableTarget
 from specgen.samplers.types import AcceptanceNoise, Draft

@@ -12,7 +12,7 @@ from specgen.samplers.guided import GuidedTarget
 from specgen.samplers.jacobi import JacobiDrafter
 from specgen.samplers.loop import generate
 from specgen.samplers.oracle import jacobi_output, max_abs_diff, target_joint
-from specgen.samplers.policies import FixedLength
+from specgen.samplers.length_policies import FixedLength
 from specgen.samplers.processing import Processing
 from specgen.samplers.toy import GuidedTableLM, TableLM, TableTarget
 

@@ -13,7 +13,7 @@ from specgen.samplers.chisquare import goodness_of_fit
 from specgen.samplers.lantern import Relaxation, RelaxedTreeRejection, latent_neighbours
 from specgen.samplers.loop import generate
 from specgen.samplers.oracle import exact_output, max_abs_diff, target_joint
-from specgen.samplers.policies import FixedLength
+from specgen.samplers.length_policies import FixedLength
 from specgen.samplers.processing import Processing
 from specgen.samplers.toy import TableLM, TableTarget, TableTreeDrafter
 from specgen.samplers.types import DraftTree

@@ -10,7 +10,7 @@ import torch
 from specgen.errors import InvalidRequest
 from specgen.samplers.length_policies import (ConfidenceLength, CostModelLength, SvipLength, entropy,
                                               predicted_best_gamma)
-from specgen.samplers.policies import POLICIES, make_policy
+from specgen.samplers.length_policies import POLICIES, make_policy
 from specgen.samplers.stats import SpecStats, expected_tokens_per_step
 from specgen.samplers.types import Verdict
 
@@ -87,7 +87,7 @@ def test_registry_of_schedules():
 def test_tetris_selection_is_optimal_by_brute_force():
     import itertools
 
-    from specgen.samplers.length_policies import tetris_select
+    from specgen.samplers.tetris import tetris_select
 
     generator = torch.Generator().manual_seed(0)
     for trial in range(30):
@@ -109,7 +109,7 @@ def test_tetris_with_a_slot_cost_keeps_the_prefix_that_pays_best_by_brute_force(
     kept one maximises expected committed tokens per cost, (batch + sum P) / (1 + cost (batch + kept))."""
     import itertools
 
-    from specgen.samplers.length_policies import tetris_select
+    from specgen.samplers.tetris import tetris_select
 
     generator = torch.Generator().manual_seed(1)
     cut_somewhere = False
@@ -132,7 +132,7 @@ def test_tetris_with_a_slot_cost_keeps_the_prefix_that_pays_best_by_brute_force(
 def test_tetris_history_estimate_follows_each_rows_acceptance():
     """The history estimate: accepted over tested tokens per row (a rejection counts as tested, untested drafts
     do not), shrunk towards the batch's rate, decaying towards it for rows left unverified."""
-    from specgen.samplers.length_policies import TetrisDrafter
+    from specgen.samplers.tetris import TetrisDrafter
     from specgen.samplers.types import DecodeContext, Draft, Verdict
 
     class Lookup:  # point-mass drafts of 4 tokens for every row
@@ -161,10 +161,10 @@ def test_tetris_history_estimate_follows_each_rows_acceptance():
 def _tetris_fit(estimate, capacity: int = 6000, slot_cost: float = 0.0):
     from specgen.samplers.acceptance import ChainRejection
     from specgen.samplers.chisquare import goodness_of_fit
-    from specgen.samplers.length_policies import TetrisDrafter
+    from specgen.samplers.tetris import TetrisDrafter
     from specgen.samplers.loop import generate
     from specgen.samplers.oracle import target_joint
-    from specgen.samplers.policies import FixedLength
+    from specgen.samplers.length_policies import FixedLength
     from specgen.samplers.processing import Processing
     from specgen.samplers.toy import TableDrafter, TableLM, TableTarget
 
@@ -206,7 +206,7 @@ def test_tetris_keyed_by_the_drafted_token_is_caught():
 
 def test_the_length_schedule_knob_names_every_policy():
     """The registry is torch-free, so it spells the schedules out; they must be the policies that exist."""
-    from specgen.samplers.policies import POLICIES
+    from specgen.samplers.length_policies import POLICIES
     from specgen.samplers.registry import LENGTH_SCHEDULE
 
     assert set(LENGTH_SCHEDULE.choices) == set(POLICIES)

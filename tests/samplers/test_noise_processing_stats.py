@@ -14,7 +14,7 @@ from specgen.errors import InvalidRequest
 from specgen.samplers.acceptance import make_rule
 from specgen.samplers.loop import generate
 from specgen.samplers.noise import Purpose, chain_noise, counter_exponential, counter_uniform, tree_noise
-from specgen.samplers.policies import FixedLength, HeuristicLength, make_policy
+from specgen.samplers.length_policies import FixedLength, HeuristicLength, make_policy
 from specgen.samplers.processing import Processing
 from specgen.samplers.stats import SpecStats, expected_tokens_per_step, ideal_speedup
 from specgen.samplers.toy import TableLM, TableTarget

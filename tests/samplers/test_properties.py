@@ -10,7 +10,7 @@ from specgen.kernels import PLACEHOLDER, sample_categorical
 from specgen.samplers.acceptance import ChainRejection, GreedyMatch, TreeRejection, make_rule
 from specgen.samplers.loop import generate
 from specgen.samplers.noise import Purpose, counter_uniform
-from specgen.samplers.policies import FixedLength
+from specgen.samplers.length_policies import FixedLength
 from specgen.samplers.processing import Processing
 from specgen.samplers.toy import TableDrafter, TableLM, TableTarget, TableTreeDrafter
 from specgen.samplers.types import AcceptanceNoise, Draft, DraftTree, TokenSource

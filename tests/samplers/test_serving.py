@@ -11,7 +11,7 @@ from tiny_models import save_tiny
 from specgen.errors import InvalidRequest
 from specgen.samplers.acceptance import make_rule
 from specgen.samplers.loop import generate, speculative_generate
-from specgen.samplers.policies import FixedLength
+from specgen.samplers.length_policies import FixedLength
 from specgen.samplers.processing import Processing
 
 
@@ -98,7 +98,7 @@ def _greedy_requests(generator):
 def _drafter(generator, kind: str, processing: Processing):
     from specgen.modalities.drafters.model import ModelDrafter
     from specgen.modalities.text.ngram import PromptLookupDrafter
-    from specgen.samplers.length_policies import TetrisDrafter
+    from specgen.samplers.tetris import TetrisDrafter
 
     vocab = generator.model.config.vocab_size
     model = lambda: ModelDrafter(generator.draft_model, processing, target_vocab_size=vocab)  # noqa: E731

@@ -9,7 +9,7 @@ from specgen.samplers.acceptance import ChainRejection, TreeRejection
 from specgen.samplers.chisquare import goodness_of_fit
 from specgen.samplers.loop import generate
 from specgen.samplers.oracle import target_joint
-from specgen.samplers.policies import FixedLength
+from specgen.samplers.length_policies import FixedLength
 from specgen.samplers.processing import Processing
 from specgen.samplers.toy import TableDrafter, TableLM, TableTarget, TableTreeDrafter
 from specgen.samplers.types import Verdict

@@ -13,7 +13,7 @@ from specgen.samplers.acceptance import TreeRejection
 from specgen.samplers.chisquare import goodness_of_fit
 from specgen.samplers.loop import generate
 from specgen.samplers.oracle import exact_output, max_abs_diff, target_joint, tree_proposals
-from specgen.samplers.policies import FixedLength
+from specgen.samplers.length_policies import FixedLength
 from specgen.samplers.processing import Processing
 from specgen.samplers.toy import TableLM, TableTarget
 

@@ -53,7 +53,7 @@ class EagleHead(nn.Module):
     def save(self, folder: Path, add_files=None) -> Path:
         from safetensors.torch import save_file
 
-        from specgen.modalities.checkpoints import export_fp16
+        from specgen.modalities.training import export_fp16
 
         def extra(tmp: Path):
             save_file({"weight": self.fc.weight.detach().half().contiguous()}, str(tmp / FC_FILE))

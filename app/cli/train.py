@@ -1,0 +1,163 @@
+"""`specgen train WHAT`: every trainer resumes from its checkpoints and exports into OUT/export."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from specgen.app.cli.options import MAX_SEED, finite_float, int_at_least
+
+TRAINABLE = ("text", "draft", "image", "image-head", "image-classifier", "speech")
+
+
+def add_train_parser(commands, command) -> None:
+    """The `train` subcommands; `command(sub, name, help, full_name, handler)` adds one with the shared options."""
+    train = commands.add_parser("train", help="train a model (resumes from checkpoints)",
+                                description="Train a target or draft model; every trainer resumes from its checkpoints.")
+    kinds = train.add_subparsers(dest="what", metavar="WHAT", required=True)
+    for what in TRAINABLE:
+        p = command(kinds, what, f"train the {what} model", f"train {what}",
+                    handler={"text": _train_text, "draft": _train_draft, "image": _train_image,
+                             "image-head": _train_image_head, "image-classifier": _train_image_classifier,
+                             "speech": _train_speech}[what])
+        p.add_argument("--out", type=Path, metavar="DIR", help="checkpoint folder (resumed when it holds one)")
+        p.add_argument("--steps", type=int_at_least(1), metavar="N", help="optimiser steps (default: the recipe's)")
+        p.add_argument("--seed", type=int_at_least(0, MAX_SEED), default=0, help="default: 0")
+        if what == "image":
+            p.add_argument("--role", choices=("vq", "target", "draft", "video"), default="target",
+                           help="the VQ tokenizer, the image token model, its draft or the video token model "
+                                "(default: target)")
+        if what == "speech":
+            p.add_argument("--role", choices=("target", "draft"), default="target",
+                           help="the speech token model or its draft (default: target)")
+            p.add_argument("--tokens", type=Path, metavar="FILE",
+                           help="the encoded corpus, tokens.npz or its folder (default: assets/speech/corpus)")
+            p.add_argument("--layout", choices=("auto", "prefix", "interleaved"), default="auto",
+                           help="sequence layout; auto: interleaved when the corpus has durations.npz (default)")
+            p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (faster on AMX / AVX512-BF16 CPUs)")
+            p.add_argument("--teacher", type=Path, metavar="DIR",
+                           help="draft distillation: learn this target model folder's laws (forward KL)")
+        if what in ("text", "draft"):
+            p.add_argument("--max-files", type=int_at_least(1), metavar="N",
+                           help="train on the first N corpus files only (quick checks)")
+        if what == "draft":
+            _distill_options(p)
+
+
+def _distill_options(p: argparse.ArgumentParser) -> None:
+    p.description = ("Distil a draft from its target (DistillSpec divergences, AdaSPEC, reduced vocabularies, "
+                     "pruned self-drafts); exports fp16 weights and a model card into OUT/export.")
+    p.add_argument("--target", metavar="DIR", help="the target model (default: the shipped code target)")
+    p.add_argument("--init", metavar="DIR|scratch|prune:N",
+                   help="start from a model folder, a fresh draft, or the target less its N-layer block of least "
+                        "angular distance (default: the shipped draft)")
+    p.add_argument("--loss", choices=("ce", "fkl", "rkl", "jsd", "tvd"), default="fkl",
+                   help="cross-entropy on the text, forward/reverse KL, JSD or total variation (default: fkl)")
+    p.add_argument("--beta", type=finite_float, default=0.5, help="JSD mixing weight (default: 0.5)")
+    p.add_argument("--data", choices=("corpus", "target", "draft", "mix"), default="target",
+                   help="continuations from the corpus, sampled by the target, on-policy by the draft, or a "
+                        "target/draft mix (default: target)")
+    p.add_argument("--mix-fraction", type=finite_float, default=0.5, help="on-policy share with --data mix")
+    p.add_argument("--adaspec", type=finite_float, metavar="K",
+                   help="AdaSPEC: train on the top fraction K of tokens by KL_draft - KL_reference (e.g. 0.4)")
+    p.add_argument("--reference", metavar="DIR", help="AdaSPEC's reference draft (a forward-KL distilled draft)")
+    p.add_argument("--vocab-size", type=int_at_least(4), metavar="N",
+                   help="reduced draft vocabulary: the N most frequent tokens of target samples")
+    p.add_argument("--vocab-from", choices=("samples", "corpus+samples"), default="samples",
+                   help="count the reduced vocabulary's frequencies in the target samples' continuations, or in the "
+                        "training corpus and them (default: samples)")
+    p.add_argument("--batch-size", type=int_at_least(1), default=16, help="windows per step (default: 16)")
+    p.add_argument("--windows", type=int_at_least(1), default=1024, help="fixed data set size (default: 1024)")
+    p.add_argument("--prompt-len", type=int_at_least(1), default=32, help="default: 32")
+    p.add_argument("--new-tokens", type=int_at_least(1), default=64, help="continuation tokens (default: 64)")
+    p.add_argument("--lr", type=finite_float, default=1e-3, help="peak learning rate (default: 1e-3)")
+    p.add_argument("--top-k", type=int_at_least(1), default=64, help="teacher log-probs kept per position")
+    p.add_argument("--temperature", type=finite_float, default=1.0, help="decoding temperature (default: 1)")
+    p.add_argument("--sample-temperature", type=finite_float, metavar="T",
+                   help="draw the target's samples at T instead (0: greedy continuations, for a draft serving greedy "
+                        "decoding); the teacher is then kept while sampling")
+    p.add_argument("--samples-only", action="store_true",
+                   help="only generate the target's samples (resumable) and print their size and throughput")
+    p.add_argument("--data-seed", type=int_at_least(0, MAX_SEED), default=0, help="which windows (default: 0)")
+    p.add_argument("--eval-windows", type=int_at_least(1), default=128, help="held-out windows (default: 128)")
+    p.add_argument("--cache-dir", metavar="DIR", help="data and teacher caches (default: $SPECGEN_HOME/distill)")
+
+
+# ---- handlers: each builds its trainer's config from the parsed options in one way (the run folder from --out,
+# then the options given) and calls the trainer's one entry function -------------------------------------------
+
+COMMON = ("steps", "seed", "threads")  # options every trainer takes; its recipe's default where not given
+DISTILL = ("target", "init", "loss", "beta", "data", "mix_fraction", "adaspec", "reference", "vocab_size",
+           "vocab_from", "batch_size", "windows", "prompt_len", "new_tokens", "lr", "top_k", "temperature",
+           "sample_temperature", "data_seed", "eval_windows", "cache_dir", "max_files")
+
+
+def _given(args: argparse.Namespace, *names: str) -> dict:
+    """The options among `names` that have a value (argparse leaves the others None), paths as strings: the
+    configs are written into the run records as JSON."""
+    values = {name: getattr(args, name, None) for name in names}
+    return {name: str(value) if isinstance(value, Path) else value
+            for name, value in values.items() if value is not None}
+
+
+def _folders(args: argparse.Namespace) -> dict:
+    """--out DIR: the run in DIR and the export in DIR/export; without it, the trainer's own run folder."""
+    return {} if args.out is None else {"run_dir": str(args.out), "out": str(args.out / "export")}
+
+
+def _report(summary: dict, *keys: str) -> int:
+    print(json.dumps({k: summary.get(k) for k in keys}))
+    return 0
+
+
+def _train_text(args: argparse.Namespace) -> int:
+    """`train text` trains the code target from scratch (the draft's recipe: `python -m
+    specgen.modalities.text.training.code_models --role draft`), exporting fp16 weights into OUT/export."""
+    from specgen.modalities.text.training.code_models import CodeModelConfig, train_text_model
+
+    out = args.out or Path("runs") / "target"
+    cfg = CodeModelConfig(role="target", run_dir=out, export_dir=out / "export", **_given(args, *COMMON, "max_files"))
+    return _report(train_text_model(cfg), "role", "params", "steps", "tokens_seen", "final_train_loss",
+                   "final_val_loss", "wall_s")
+
+
+def _train_draft(args: argparse.Namespace) -> int:
+    from specgen.modalities.text.training.distill.distiller import DistillConfig, prepare_samples, train_draft
+
+    cfg = DistillConfig(out=str(args.out or Path("runs") / "distill"), **_given(args, *COMMON, *DISTILL))
+    if args.samples_only:  # the record of the target's samples, whole
+        record = prepare_samples(cfg)
+        return _report(record, *record)
+    return _report(train_draft(cfg), "steps", "params", "final_loss", "heldout", "coverage", "wall_s")
+
+
+def _train_image(args: argparse.Namespace) -> int:
+    from specgen.modalities.image.training.recipe import recipe, train
+
+    cfg = recipe(args.role, **_folders(args), **_given(args, *COMMON))
+    return _report(train(cfg), "role", "params", "steps", "final_train_loss", "eval", "wall_s")
+
+
+def _train_image_head(args: argparse.Namespace) -> int:
+    """The EAGLE-style head of lantern / lantern++."""
+    from specgen.modalities.image.training.eagle_head import HeadConfig, train_head
+
+    return _report(train_head(HeadConfig(**_folders(args), **_given(args, *COMMON))), "before", "after")
+
+
+def _train_image_classifier(args: argparse.Namespace) -> int:
+    """The classifier whose features measure image quality (Fréchet distance)."""
+    from specgen.modalities.image.training.quality.classifier import ClassifierConfig, train_classifier
+
+    summary = train_classifier(ClassifierConfig(**_folders(args), **_given(args, *COMMON)))
+    return _report(summary, "val_accuracy_on_reconstructions")
+
+
+def _train_speech(args: argparse.Namespace) -> int:
+    from specgen.modalities.speech.training.recipe import recipe
+    from specgen.modalities.speech.training.token_models import train
+
+    cfg = recipe(args.role, layout=args.layout, bf16=args.bf16, **_folders(args),
+                 **_given(args, *COMMON, "tokens", "teacher"))
+    return _report(train(cfg), "role", "params", "steps", "final_train_loss", "eval", "wall_s")
