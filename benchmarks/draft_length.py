@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
+    """The sweep, start to end (a script's main, read top to bottom: options, runs, record)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model")
     parser.add_argument("--draft")

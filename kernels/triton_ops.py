@@ -180,6 +180,8 @@ def _tree_kernel(tokens, children, draft_probs, target_probs, accept_uniform, em
                  residual_buf, draft_buf, path_out, output, num_accepted_out, rejected_out,
                  N: tl.constexpr, W: tl.constexpr, V: tl.constexpr, DEPTH: tl.constexpr,
                  HAS_DRAFT_PROBS: tl.constexpr, WITHOUT_REPLACEMENT: tl.constexpr, BLOCK_V: tl.constexpr):
+    # One program walks one row's tree from the root, so the walk is one function: a Triton kernel cannot return
+    # the per-node state a split would hand between helpers (its twin is reference.tree_rejection_sample).
     # tokens [B, N]; children [B, N, W] (-1 padded); draft/target probs [B, N, V]; uniforms [B, N] float64;
     # residual_buf/draft_buf [B, V] float64 scratch; path_out/output [B, DEPTH + 1]
     row = tl.program_id(0).to(tl.int64)

@@ -181,7 +181,9 @@ def jacobi_output(lm, processing, prompt, horizon, *, window: int, coupling: str
     interval for each uncommitted position's d, and every draw splits it with exact logistic masses; larger
     vocabularies would need the Gumbel mass of polyhedra, so the Gumbel coupling is enumerated for two tokens.
     noise_keyed_by="slot" (a negative control) keys the noise by the slot's index in the window instead, so after
-    a commit a slot reuses noise that an earlier draw at another position has already conditioned."""
+    a commit a slot reuses noise that an earlier draw at another position has already conditioned.
+    One function on purpose: its nested helpers share the memo and the laws of one enumeration, and the whole state
+    machine reads in one place, next to the drafter it checks."""
     from specgen.kernels import reference
 
     stored_law = stored_law or (lambda old, new, kept: new)
