@@ -46,6 +46,7 @@ def write_record(result: dict, runs_dir: Path, stem: str, markdown: Callable[[di
     if latest is None:
         return Written(runs)
     latest_dir = latest_dir or runs_dir
+    latest_dir.mkdir(parents=True, exist_ok=True)
     copies = {kind: latest_dir / (latest + FIGURE_SUFFIXES.get(kind, f".{kind}")) for kind in runs}
     for kind in ("json", *shown):
         shutil.copyfile(runs[kind], copies[kind])

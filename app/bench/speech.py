@@ -253,8 +253,9 @@ def render_markdown(result: dict, plot_name: str | None = None) -> str:
 
 
 def write_bench_speech(result: dict, out_dir: Path, latest_dir: Path | None = None) -> Written:
-    """bench-speech-<time>.{json,md} (and .png with a quality frontier) in `out_dir`; a run with a quality frontier
-    also becomes speech-frontier-latest.{json,md,png} in `latest_dir` (default: the same folder)."""
+    """bench-speech-<time>.{json,md} (and .png with a quality frontier) in `out_dir`, and a copy in `latest_dir`
+    (default: the same folder): speech-frontier-latest.{json,md,png} for a run with a quality frontier, else
+    speech-latest.{json,md}."""
     from specgen.app.bench.speech_frontier import plot_frontier_png
 
     frontier = result.get("frontier")
@@ -262,7 +263,7 @@ def write_bench_speech(result: dict, out_dir: Path, latest_dir: Path | None = No
     return write_record(result, out_dir, f"bench-speech-{result['env']['timestamp_utc']}",
                         lambda names: render_markdown(result, names.get("png")),
                         {"png": lambda path: plot_frontier_png(path, frontier)} if plotted else None,
-                        "speech-frontier-latest" if plotted else None, latest_dir)
+                        "speech-frontier-latest" if plotted else "speech-latest", latest_dir)
 
 
 def bench_speech(args) -> int:

@@ -94,6 +94,8 @@ def test_bench_speech_compares_ar_and_sd(models, tmp_path, capsys, monkeypatch):
     assert ssd["acceptance_level"] == "tolerance" and "exact_alpha_hat" not in sd
     markdown = speech_bench.render_markdown(result)
     assert "| `sd` |" in markdown and "| `pcg` | no |" in markdown and "(group; exact" in markdown
+    speech_bench.write_bench_speech(result, tmp_path / "runs", tmp_path / "latest")  # no quality frontier
+    assert sorted(p.name for p in (tmp_path / "latest").iterdir()) == ["speech-latest.json", "speech-latest.md"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a"}\n')
     code, _, err = run(["bench", "speech", "--prompts", str(bad)], capsys)
