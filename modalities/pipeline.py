@@ -82,6 +82,12 @@ class Generator:
         preferred = {name: value for name, value in self.knob_defaults(spec).items() if name in known}
         return spec.resolve_knobs({**preferred, **params})
 
+    def check_request(self, method: str | None, num_samples: int, params: dict) -> None:
+        """What a request is refused for before any work (a prompt encoded, a draft head or token groups loaded):
+        its method, the method's knobs and the sample count."""
+        self.resolve_knobs(get_method(self.modality, method or self.default_method), params)
+        check_num_samples(num_samples)
+
     def processing(self, **sampling) -> Processing:
         return Processing(**sampling)
 

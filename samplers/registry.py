@@ -84,7 +84,7 @@ LENGTH_SCHEDULE = ChoiceKnob("length_schedule", str, "fixed",
 # 5 as vLLM's prompt_lookup_max: on the bench prompts longer matches change nothing, shorter ones lose
 NGRAM_SIZE = Knob("max_matching_ngram_size", int, 5, "longest n-gram looked up in the context", 1, 16)
 # TETRIS (Wu et al., arXiv 2502.15197) wraps any chain drafter when several rows decode together (num_samples,
-# batch --rows): samplers/length_policies.py's TetrisDrafter; the pipeline applies it (modalities/pipeline.py)
+# batch --rows): samplers/tetris.py's TetrisDrafter; the pipeline applies it (modalities/pipeline.py)
 VERIFY_CAPACITY = Knob("verify_capacity", int, 0, "TETRIS: verify at most this many drafted tokens per step across "
                        "the batch's rows, the ones most likely accepted (0 = every drafted token)", 0, 4096)
 CAPACITY_ESTIMATE = ChoiceKnob("capacity_estimate", str, "confidence", "TETRIS: how a drafted token's acceptance is "

@@ -14,7 +14,6 @@ relaxed `lantern` (delta) and `lantern++` (lambda) over latent neighbours in the
 from __future__ import annotations
 
 import functools
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -28,7 +27,7 @@ from specgen.modalities.image.models import default_paths, load_image_lm, load_i
 from specgen.modalities.runtime.llama_runner import fast_matmul_dtype
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget, measure_window_s
 from specgen.modalities.image.eagle_head.drafter import EagleTreeDrafter
-from specgen.modalities.pipeline import Generator, check_num_samples
+from specgen.modalities.pipeline import Generator
 from specgen.samplers import trees
 from specgen.samplers.lantern import latent_neighbours
 from specgen.samplers.guided import GuidedTarget
@@ -114,9 +113,10 @@ class ImageGenerator(Generator):
 
     def _request(self, prompt: str, method: str | None, num_samples: int, stats: SpecStats | None, params: dict,
                  **sampling):
+        self.check_request(method, num_samples, params)
         prompt_ids = self.vocab.prompt_ids(prompt)
         pipeline = self.pipeline(method, [prompt_ids], sampling=sampling, params=params, stats=stats)
-        return pipeline, [prompt_ids] * check_num_samples(num_samples)
+        return pipeline, [prompt_ids] * num_samples
 
     # ---- the pipeline's parts (modalities/pipeline.py) -------------------------------------------------------
 

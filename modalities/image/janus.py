@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import torch
 
 from specgen.errors import InvalidRequest, ModelNotFound
-from specgen.modalities.pipeline import Generator, check_num_samples
+from specgen.modalities.pipeline import Generator
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget
 from specgen.samplers.guided import GuidedTarget
 from specgen.samplers.jacobi import JacobiDrafter
@@ -140,12 +140,13 @@ class JanusImageGenerator(Generator):
 
     def _request(self, input_ids, method: str | None, num_samples: int, max_new_tokens: int | None,
                  stats: SpecStats | None, params: dict, **sampling):
+        self.check_request(method, num_samples, params)
         prompt = self.shifted(input_ids)
         if int(prompt[-1]) - self.lm.num_codes != self.boi:
             raise InvalidRequest(f"a Janus image prompt ends with the BOI token ({self.boi})")
         pipeline = self.pipeline(method, [prompt], max_new_tokens=max_new_tokens or self.num_image_tokens,
                                  sampling=sampling, params=params, stats=stats)
-        return pipeline, [prompt] * check_num_samples(num_samples)
+        return pipeline, [prompt] * num_samples
 
     # ---- the pipeline's parts (modalities/pipeline.py) -------------------------------------------------------
 

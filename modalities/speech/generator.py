@@ -28,7 +28,7 @@ from specgen.modalities.speech.codec import AcousticCodec
 from specgen.modalities.speech.groups import check_theta, load_or_build_groups
 from specgen.modalities.speech.models import (DEFAULT_VOICE, SpeechVocab, default_paths, load_speech_lm,
                                               load_speech_vocab)
-from specgen.modalities.pipeline import Generator, check_num_samples
+from specgen.modalities.pipeline import Generator
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget, measure_window_s
 from specgen.samplers.acceptance import make_rule
 from specgen.samplers.processing import Processing
@@ -188,10 +188,11 @@ class SpeechGenerator(Generator):
 
     def _request(self, text: str, voice: str, method: str | None, num_samples: int, max_new_tokens: int | None,
                  stats: SpecStats | None, params: dict, **sampling):
+        self.check_request(method, num_samples, params)
         prompt_ids = self.vocab.prompt_ids(text, voice)
         pipeline = self.pipeline(method, [prompt_ids], max_new_tokens=max_new_tokens, sampling=sampling,
                                  params=params, stats=stats)
-        return pipeline, [prompt_ids] * check_num_samples(num_samples)
+        return pipeline, [prompt_ids] * num_samples
 
     # ---- the pipeline's parts (modalities/pipeline.py) -------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Pruned self-drafts (modalities/text/distill/prune.py): dropping a layer block, choosing it by angular distance."""
+"""Pruned self-drafts (modalities/text/training/distill/prune.py): dropping a layer block, choosing it by angular distance."""
 
 import copy
 

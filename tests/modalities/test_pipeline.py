@@ -96,3 +96,13 @@ def test_tetris_is_a_knob_of_chain_methods(built, tmp_path):
         assert [s["tokens"] for s in tetris.samples] == [s["tokens"] for s in plain.samples]
         assert tetris.stats["drafted"] <= 4 * tetris.stats["steps"]
     assert [call[2] for call in built[1:]] == ["TetrisDrafter", "TetrisDrafter"]
+
+
+def test_a_request_is_refused_before_any_work(tmp_path, monkeypatch):
+    """A bad method, knob or sample count fails before the prompt is encoded or anything is built."""
+    generator = ImageGenerator(*save_tiny_image_model(tmp_path, num_codes=16, grid=4))
+    monkeypatch.setattr(pipeline_module, "build_pipeline", lambda *a, **k: pytest.fail("the pipeline was built"))
+    for options, words in (({"method": "medusa"}, "unknown image method"), ({"method": "mc-sjd", "window": 1}, "window"),
+                           ({"method": "ar", "num_samples": 0}, "num_samples")):
+        with pytest.raises(Exception, match=words):
+            generator.generate("not a known word", **options)  # the prompt is bad too: the request is refused first
