@@ -58,10 +58,6 @@ class Pipeline:
                              processing=self.processing, max_new_tokens=self.max_new_tokens, policy=self.policy,
                              seed=seed, stop_tokens=self.stop_tokens)
 
-    def summary(self, wall_s: float, ar_step_s: float | None = None) -> dict:
-        """The run's stats summary (after iterating `run`)."""
-        return self.stats.summary(method=self.method, lossless=self.spec.lossless, wall_s=wall_s, ar_step_s=ar_step_s)
-
 
 class Generator:
     """What a modality fills in for `build_pipeline`. Defaults suit a chain drafter with a length schedule."""

@@ -26,7 +26,7 @@ from specgen.modalities.drafters.model import ModelDrafter
 from specgen.modalities.text import gemma
 from specgen.modalities.text.ngram import LookupSlots, PromptLookupDrafter
 from specgen.modalities.drafters.tree import tree_room
-from specgen.modalities.pipeline import Generator, check_num_samples
+from specgen.modalities.pipeline import Generator
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget, measure_window_s
 from specgen.samplers.length_policies import make_policy
 from specgen.samplers.processing import Processing
@@ -219,7 +219,7 @@ class TextGenerator(Generator):
 
     def _request(self, prompt: str, method: str | None, num_samples: int, max_new_tokens: int,
                  stats: SpecStats | None, params: dict, **sampling):
-        check_num_samples(num_samples)
+        self.check_request(method, num_samples, params)
         prompt_ids = self.encode(prompt)
         pipeline = self.pipeline(method, [prompt_ids], max_new_tokens=max_new_tokens, sampling=sampling,
                                  params=params, stats=stats)
