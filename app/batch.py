@@ -489,6 +489,8 @@ def run_batch(input_path, output_path, *, engine: str = "local", model: str | No
     from specgen.modalities.text.generator import default_method
 
     default_text = generator.default_method if generator is not None else default_method(model, draft)
+    if online_draft is not None:  # the draft learns from the requests it drafts for
+        default_text = "draft"
     requests = load_requests(input_path, default_text_method=default_text)
     done = done_ids(output_path)
     pending = [r for r in requests if r.key not in done]

@@ -136,6 +136,11 @@ def build_pipeline(generator: Generator, method: str | None, prompts: Sequence[t
                    stats: SpecStats | None = None) -> Pipeline:
     """spec → knobs → processing → length cap → policy → target engine → drafter → rule → served target."""
     spec = get_method(generator.modality, method or generator.default_method)
+    if spec.drafter == "auto":  # candidates built by this generator, each as its own method's request would be
+        from specgen.modalities.auto import build_auto_pipeline
+
+        return build_auto_pipeline(generator, spec, prompts, max_new_tokens=max_new_tokens, sampling=sampling,
+                                   params=params, stats=stats)
     knobs = generator.resolve_knobs(spec, params)
     processing = generator.processing(**sampling)
     max_new_tokens = generator.length_cap(prompts, max_new_tokens)

@@ -30,12 +30,17 @@ def speculative_generate(target: TargetModel, drafter: Drafter | None, rule: Acc
                          prompts: Sequence[torch.Tensor], *, processing: Processing, max_new_tokens: int,
                          policy: LengthPolicy | None = None, seed: int = 0, sample_ids: Sequence[int] | None = None,
                          stop_tokens: Sequence[int] = (), stats: SpecStats | None = None,
-                         queue: Iterable[tuple[int, torch.Tensor]] | None = None) -> Iterator[StepEvent]:
+                         queue: Iterable[tuple[int, torch.Tensor]] | None = None,
+                         cancelled: Callable[[int], bool] | None = None) -> Iterator[StepEvent]:
     """`queue`: more requests as (sample id, prompt), served by continuous batching: a row that finishes takes
     the next one (the target re-prefills that row; the model, tree and n-gram drafters re-sync from each row's
     context), so the batch stays full until the queue runs dry. Events name the request by `sample`; `row` is the
     batch row that served it. Randomness is keyed by (seed, sample id, position), so a request's law does not
-    depend on its row or on the requests around it."""
+    depend on its row or on the requests around it. The queue is asked again whenever a row is free, so an
+    iterator that is empty now (`next` raises StopIteration) may hand out more later. A queued request may carry
+    its own length limit, (sample id, prompt, max_new_tokens), which then replaces `max_new_tokens` for its row.
+    `cancelled(sample id)`, asked before every step, withdraws a request: its row stops at once, with no
+    finished event, and is free for the queue (a row whose sample is cancelled from the start is a free row)."""
     context = _validate(prompts, max_new_tokens)
     _freeze_once(getattr(target, "model", None))
     sample_ids = torch.as_tensor(list(range(len(context))) if sample_ids is None else sample_ids,
@@ -46,15 +51,23 @@ def speculative_generate(target: TargetModel, drafter: Drafter | None, rule: Acc
     policy = policy or FixedLength(5 if drafter is not None else 0)
     stats = stats if stats is not None else SpecStats()
     generated, active, stop = [0] * len(context), list(range(len(context))), set(stop_tokens)
+    limit = [max_new_tokens] * len(context)  # per row: a queued request may bring its own
     target.prefill(context)
     step = 0
-    while active:
+    while True:
+        if cancelled is not None:
+            active = [r for r in active if not cancelled(int(sample_ids[r]))]
+        if queue is not None and len(active) < len(context):
+            active = sorted(active + _refill(target, queue, context, generated, limit, sample_ids, active,
+                                             max_new_tokens))
+        if not active:
+            break
         rows = torch.tensor(active)
         ctx = DecodeContext([context[r] for r in active], rows, sample_ids[rows], seed)
-        budget = min(policy.next_length(), max(max_new_tokens - generated[r] for r in active) - 1)
+        budget = min(policy.next_length(), max(limit[r] - generated[r] for r in active) - 1)
         started = time.perf_counter()
         proposal = drafter.propose(ctx, budget) if drafter is not None and budget > 0 else Draft.empty(len(active))
-        proposal = _cap_rows(proposal, [max_new_tokens - generated[r] - 1 for r in active])
+        proposal = _cap_rows(proposal, [limit[r] - generated[r] - 1 for r in active])
         drafted = time.perf_counter()
         verdict, window = verify_step(target, rule, proposal, processing, ctx)
         verified = time.perf_counter()
@@ -63,7 +76,7 @@ def speculative_generate(target: TargetModel, drafter: Drafter | None, rule: Acc
             policy.observe(verdict)
         committed_now = 0
         for i, (row, tokens, sources) in enumerate(zip(active, verdict.tokens.tolist(), verdict.source.tolist())):
-            tokens, sources, finished = _truncate(tokens, sources, max_new_tokens - generated[row], stop)
+            tokens, sources, finished = _truncate(tokens, sources, limit[row] - generated[row], stop)
             context[row] = torch.cat([context[row], torch.tensor(tokens, dtype=torch.long)])
             generated[row] += len(tokens)
             committed_now += len(tokens)
@@ -74,9 +87,7 @@ def speculative_generate(target: TargetModel, drafter: Drafter | None, rule: Acc
                             drafted - started, verified - drafted, finished, extra)
         stats.update(verdict, committed_now, drafted - started, verified - drafted, window,
                      proposal if isinstance(proposal, DraftTree) else None)
-        active = [r for r in active if generated[r] < max_new_tokens and not (stop and int(context[r][-1]) in stop)]
-        if queue is not None and len(active) < len(context):
-            active = sorted(active + _refill(target, queue, context, generated, sample_ids, active, max_new_tokens))
+        active = [r for r in active if generated[r] < limit[r] and not (stop and int(context[r][-1]) in stop)]
         step += 1
 
 
@@ -169,15 +180,16 @@ def _validate(prompts: Sequence[torch.Tensor], max_new_tokens: int) -> list[torc
 
 
 def _refill(target: TargetModel, queue: Iterator, context: list[torch.Tensor], generated: list[int],
-            sample_ids: torch.Tensor, active: list[int], max_new_tokens: int) -> list[int]:
+            limit: list[int], sample_ids: torch.Tensor, active: list[int], max_new_tokens: int) -> list[int]:
     """Give free batch rows the queue's next requests (in place); returns the rows that took one."""
     rows, prompts = [], []
     for row in sorted(set(range(len(context))) - set(active)):
         request = next(queue, None)
         if request is None:
             break
-        sample_id, prompt = request
-        prompt = _validate([prompt], max_new_tokens)[0]
+        sample_id, prompt, *own_limit = request
+        limit[row] = int(own_limit[0]) if own_limit else max_new_tokens
+        prompt = _validate([prompt], limit[row])[0]
         context[row], generated[row], sample_ids[row] = prompt, 0, int(sample_id)
         rows.append(row)
         prompts.append(prompt)

@@ -117,19 +117,29 @@ def get_method(modality: str, name: str) -> MethodSpec:
         raise InvalidRequest(f"unknown {modality} method {name!r}; choose from: {choices}") from None
 
 
-# What a request without a method gets. Text depends on the model (`default_method`); the media models have one pair.
-DEFAULT_METHODS = {"image": "mc-sjd", "video": "mc-sjd", "speech": "sd"}
+# What a request without a method gets: `auto` everywhere. The best single method measured per model before `auto`
+# (its first guess when no calibration exists yet is still the cost model's, not this table's).
+DEFAULT_METHODS = {"text": "auto", "image": "auto", "video": "auto", "speech": "auto"}
+BEST_FIXED_METHODS = {"image": "mc-sjd", "video": "mc-sjd", "speech": "sd"}
 
 
 def default_method(modality: str, *, draft_model: bool = False, lookup_first: bool = False) -> str:
-    """The method a request without one gets. Text: a draft model's `draft` when one is loaded, unless the model is
-    one measured faster with prompt lookup (`lookup_first`, Gemma 3 270M: benchmarks/text-gemma-latest.md); else
-    prompt lookup `ngram` (exact, and a step that finds no match costs what a plain step costs)."""
-    if modality == "text":
-        return "draft" if draft_model and not lookup_first else "ngram"
+    """The method a request without one gets: `auto` (samplers/auto.py), which picks among the modality's lossless
+    methods and plain decoding per request from the calibrated cost model and adapts between steps. `draft_model`
+    and `lookup_first` name the best fixed method instead (`fixed_default_method`)."""
     if modality not in DEFAULT_METHODS:
         raise InvalidRequest(f"unknown modality {modality!r}; choose from: {', '.join(MODALITIES)}")
     return DEFAULT_METHODS[modality]
+
+
+def fixed_default_method(modality: str, *, draft_model: bool = False, lookup_first: bool = False) -> str:
+    """The best single method measured before `auto`. Text: a draft model's `draft` when one is loaded, unless the
+    model is one measured faster with prompt lookup (`lookup_first`, Gemma 3 270M); else prompt lookup `ngram`."""
+    if modality == "text":
+        return "draft" if draft_model and not lookup_first else "ngram"
+    if modality not in BEST_FIXED_METHODS:
+        raise InvalidRequest(f"unknown modality {modality!r}; choose from: {', '.join(MODALITIES)}")
+    return BEST_FIXED_METHODS[modality]
 
 
 def knob_owners(modality: str) -> dict[str, list[str]]:
@@ -228,6 +238,55 @@ register(MethodSpec("svip", "text", True,
                     knobs=(Knob("num_draft_tokens", int, 12, "the most tokens drafted per step", 1, 64),
                            Knob("entropy_threshold", float, 0.3, "stop after a token drawn from a law with "
                                 "sqrt(0.15 * entropy) above this", 0.0, 10.0))))
+# Model-free drafters (modalities/drafters/stand.py, retrieval.py, dense.py, consensus.py; docs/model_free.md).
+# Their trees are verified by the tree rule: without replacement with the store's law (stand), deterministic
+# candidates (rest, dresd, consensus), greedy tree matching at temperature 0.
+_FREE_BUDGET = Knob("tree_budget", int, 16, TREE_BUDGET.help, 1, 256)
+_FREE_DEPTH = Knob("max_depth", int, 8, TREE_DEPTH.help, 1, 64)
+DATASTORE = Knob("datastore", str, "", "datastore folder (`specgen datastore build`); empty: the default one for "
+                 "the model's tokenizer in the user cache, built on first use from the Python standard library")
+MAX_MATCH = Knob("max_match", int, 16, "longest context suffix matched", 1, 16)
+MIN_MATCH = Knob("min_match", int, 2, "shortest context suffix that counts as a match", 1, 16)
+# every scored slot costs (on Gemma 3 270M its 262k-token output layer): only candidates this likely are drafted
+MIN_SHARE = Knob("min_share", float, 0.1, "drop trie nodes carrying less than this share of the retrieved "
+                 "continuations' weight", 0.0, 1.0)
+CONTEXT_WEIGHT = Knob("context_weight", float, 8.0, "weight of a continuation found in the request's own context "
+                      "(a datastore continuation weighs 1; 0: the datastore alone)", 0.0, 1000.0)
+register(MethodSpec("stand", "text", True,
+                    "model-free: an n-gram store of the target's own laws (top-k at every committed position, the "
+                    "prompt's n-grams as point masses), shared by the samples of a request; trees grown best-first "
+                    "with children drawn without replacement (Gumbel-top-k) from the store's law, verified by the "
+                    "without-replacement tree rule with that law", drafter="stand", rule="tree",
+                    paper="Song et al. 2025, STAND (arXiv 2506.04708)",
+                    knobs=(Knob("tree_budget", int, 8, TREE_BUDGET.help, 1, 256), _FREE_DEPTH,
+                           Knob("max_ngram", int, 4, "longest n-gram key of the store (back-off to 1)", 1, 16),
+                           Knob("store_top_k", int, 8, "tokens kept per store entry", 1, 256),
+                           ChoiceKnob("share", str, "samples", "'samples': the samples of a request share one store; "
+                                      "'none': one store per sample", choices=("samples", "none")),
+                           Knob("min_value", float, 0.1, "never try a child whose path probability under the store "
+                                "would be below this", 0.0, 1.0))))
+register(MethodSpec("rest", "text", True,
+                    "model-free sparse retrieval: the longest context suffix looked up in a datastore's suffix array "
+                    "(and in the context itself); the continuations merged into a trie of deterministic candidates",
+                    drafter="rest", rule="tree", paper="He et al. 2024, REST (arXiv 2311.08252)",
+                    knobs=(_FREE_BUDGET, _FREE_DEPTH, DATASTORE, MAX_MATCH, MIN_MATCH,
+                           Knob("retrieved", int, 64, "datastore occurrences whose continuations enter the trie",
+                                1, 4096), CONTEXT_WEIGHT, MIN_SHARE)))
+register(MethodSpec("dresd", "text", True,
+                    "model-free dense retrieval: the context's embedding (a model's last hidden state) queries an "
+                    "ANN index (faiss) of datastore contexts; their next tokens merged into a trie of deterministic "
+                    "candidates", drafter="dresd", rule="tree", paper="Gritta et al. 2025, DReSD (arXiv 2502.15572)",
+                    knobs=(_FREE_BUDGET, _FREE_DEPTH, DATASTORE,
+                           Knob("neighbours", int, 16, "nearest datastore contexts retrieved per step", 1, 1024),
+                           CONTEXT_WEIGHT, MIN_SHARE)))
+register(MethodSpec("consensus", "text", True,
+                    "model-free, for several samples (--num-samples N): each path's longest suffix matched in the "
+                    "other paths; continuations weighted by match length and supporting paths, merged into a trie "
+                    "of deterministic candidates; exact per path", drafter="consensus", rule="tree",
+                    paper="Li et al. 2025 (arXiv 2503.05330)",
+                    knobs=(_FREE_BUDGET, _FREE_DEPTH, Knob("max_match", int, 8, MAX_MATCH.help, 1, 16), MIN_MATCH,
+                           Knob("group", int, 16, "samples that draft for each other (samples 0..group-1, then the "
+                                "next group)", 1, 1024), MIN_SHARE)))
 
 
 # ---- image and video --------------------------------------------------------------------------
@@ -326,6 +385,19 @@ register(MethodSpec("pcg", "speech", False,
                                       "target, explicit after 16 empty rounds); both are exact in groups",
                                       choices=("explicit", "thinning")),
                            LENGTH_SCHEDULE)))
+
+
+# ---- every modality ----------------------------------------------------------------------------
+AUTO_KNOBS = (Knob("margin", float, 0.1, "how much faster (predicted) another choice must be before auto switches to "
+                   "it (hysteresis)", 0.0, 1.0),
+              Knob("candidates", str, "", "comma-separated methods auto may choose from besides plain decoding "
+                   "(empty: every lossless method of the modality the model can serve)"))
+for _modality in MODALITIES:
+    register(MethodSpec("auto", _modality, True,
+                        "picks the method and draft length the calibrated cost model predicts fastest for this "
+                        "request (plain decoding included), learns acceptance per position online and switches "
+                        "between steps; each step verified by the rule of the method that drafted it",
+                        drafter="auto", rule="auto", policy="auto", knobs=AUTO_KNOBS))
 
 
 if __name__ == "__main__":

@@ -24,13 +24,13 @@ from specgen.app.bench.prompts import Prompt, load_prompts
 from specgen.app.bench.records import RunStart, benchmarks_dir, record_dirs, run_env, start_run
 from specgen.app.bench.report import Written, command_line, fmt, font, print_outcome, run_line, write_record
 from specgen.app.bench.runner import progress, rounds
-from specgen.app.bench.stats import median_ci
+from specgen.app.bench.stats import median_ci, prompt_medians, slowdowns
 from specgen.errors import InvalidRequest
 from specgen.samplers.registry import get_method, method_names
 
 WINDOWS = {"image": (2, 4, 8, 16, 32, 64), "video": (8, 16, 32, 64, 128)}
 WINDOW_REPEATS = 5  # timing repeats of one window forward (median)
-DEFAULT_METHODS = ("ar", "sjd", "mc-sjd", "gumbel-sjd")
+DEFAULT_METHODS = ("ar", "sjd", "mc-sjd", "gumbel-sjd", "auto")
 
 
 def token_entropy(generator, prompt: str, tokens: list[int]) -> float:
@@ -71,7 +71,9 @@ def run_bench_image(*, prompts_path: Path | None = None, methods: list[str] | No
     jacobi = [m for m in methods if get_method(modality, m).drafter is not None]
     start = start or start_run()
     generator.generate(prompts[0].prompt, method="ar")  # warm-up: first-call allocations
-    variants = [("ar", 1), *((method, L) for method in jacobi for L in windows)]
+    # auto picks its own method and window: one variant, window 0
+    variants = [("ar", 1), *((method, L) for method in jacobi if method != "auto" for L in windows),
+                *((("auto", 0),) if "auto" in jacobi else ())]
     runs, exact, entropy, window_s, gallery = [], [], {}, {}, {}
     bar = progress(len(prompts) * (repeats * len(variants) + 1 + len(jacobi)), f"bench {modality}")
     for round_ in rounds(prompts, variants, repeats, rotate=False):  # ar first: every run is measured against it
@@ -81,13 +83,13 @@ def run_bench_image(*, prompts_path: Path | None = None, methods: list[str] | No
                                    for L in (1, *windows)}
         for method, L in round_.order:
             result = generator.generate(prompt.prompt, method=method, seed=round_.repeat,
-                                        **({"window": L} if method != "ar" else {}))
+                                        **({"window": L} if method not in ("ar", "auto") else {}))
             if method == "ar":
                 ar = result
             runs.append(_record(prompt, round_.repeat, method, L, result, ar))
             if round_.repeat == 0 and method == "ar":
                 entropy[prompt.id] = token_entropy(generator, prompt.prompt, ar.tokens[0])
-            if round_.repeat == 0 and (method == "ar" or L == max(windows)):
+            if round_.repeat == 0 and (method in ("ar", "auto") or L == max(windows)):
                 gallery.setdefault(method, []).append(result.image)
             bar.update(1)
         if round_.last:
@@ -103,6 +105,11 @@ def run_bench_image(*, prompts_path: Path | None = None, methods: list[str] | No
     if samples_out is not None:
         _save_gallery(gallery, [p.id for p in prompts], samples_out)
     return result
+
+
+def _window_ms(result: dict, window: int) -> str:
+    cost = result["window_s"].get(str(window))
+    return f"{1e3 * cost:.1f} ms" if cost is not None else "—"
 
 
 def _greedy_exactness(generator, prompt: Prompt, jacobi: list[str], bar) -> list[dict]:
@@ -132,7 +139,8 @@ def summarise(runs, exact, entropy, window_s, prompts, methods, windows, tokens_
         by.setdefault((run["method"], run["window"]), []).append(run)
     table = []
     for (method, window), items in by.items():
-        predicted = [i["step_compression"] * window_s[i["prompt"]][1] / window_s[i["prompt"]][window] for i in items]
+        predicted = [i["step_compression"] * window_s[i["prompt"]][1] / window_s[i["prompt"]].get(window, window_s[i["prompt"]][1])
+                     for i in items]
         speedups = [i["speedup"] for i in items]
         median, ci = median_ci(speedups)
         changed = [i["changed_per_step"] for i in items if i["changed_per_step"] is not None]
@@ -167,6 +175,7 @@ def summarise(runs, exact, entropy, window_s, prompts, methods, windows, tokens_
         chosen = [r for r in runs if r["method"] == method and r["window"] == row["window"]]
         per_method[method] = {**_median_stats([r["stats"] for r in chosen]), "window": row["window"],
                               "speedup_vs_ar": row["speedup"], "step_compression": row["step_compression"],
+                              "slowdowns": slowdowns(list(prompt_medians(chosen, "speedup", "prompt").values())),
                               "predicted_speedup_measured": row["predicted_speedup"],
                               "identical_to_ar": all(e["identical_to_ar"] for e in exact if e["method"] == method)}
     return {"methods": per_method, "items": runs, "tokens_per_image": tokens_per_image, "table": table,
@@ -196,10 +205,13 @@ def render_markdown(result: dict, plot_name: str | None, samples_name: str | Non
              + (f" ({result['frames']} frames)" if result.get("frames", 1) > 1 else "") + "; "
              f"prompts `{env['prompts']}`, {env['repeats']} repeat(s).", "",
              "## Best window per method", "",
-             "| method | best L | step compression | speedup vs ar | measured / predicted |", "|---|---|---|---|---|"]
+             "| method | best L | step compression | speedup vs ar | measured / predicted | slower than ar (prompts; "
+             "worst) |", "|---|---|---|---|---|---|"]
     for method, row in result["best"].items():
-        lines.append(f"| `{method}` | {row['window']} | {fmt(row['step_compression'])}× | {fmt(row['speedup'])}× | "
-                     f"{fmt(row['measured_over_predicted'])} |")
+        slow = result["methods"].get(method, {}).get("slowdowns")
+        slower = f"{slow['slower_than_ar']}/{slow['prompts']}; {fmt(slow['worst_speedup'])}×" if slow else "—"
+        lines.append(f"| `{method}` | {row['window'] or 'auto'} | {fmt(row['step_compression'])}× | {fmt(row['speedup'])}× | "
+                     f"{fmt(row['measured_over_predicted'])} | {slower} |")
     lines += ["", "## Every window", "",
               "| method | L | steps | step compression | τ | changed / step | speedup (95% CI) | predicted | T_window |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -208,7 +220,7 @@ def render_markdown(result: dict, plot_name: str | None, samples_name: str | Non
         ci_text = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
         lines.append(f"| `{row['method']}` | {row['window']} | {row['steps']:.0f} | {fmt(row['step_compression'])}× | "
                      f"{fmt(row['tau'])} | {fmt(row['changed_per_step'], 1)} | {fmt(row['speedup'])}×{ci_text} | "
-                     f"{fmt(row['predicted_speedup'])}× | {1e3 * result['window_s'][str(row['window'])]:.1f} ms |")
+                     f"{fmt(row['predicted_speedup'])}× | {_window_ms(result, row['window'])} |")
     lines += ["", "## Per category", "", "| category | prompts | mean token entropy (nats) | step compression at best L |",
               "|---|---|---|---|"]
     for name, cat in result["categories"].items():
@@ -231,6 +243,7 @@ def plot_png(path: Path, result: dict) -> None:
     Drawn with Pillow (matplotlib is not a dependency)."""
     from PIL import Image, ImageDraw
 
+    result = {**result, "table": [r for r in result["table"] if r["window"] > 0]}  # auto has no window to plot at
     label_font = font(13)
     colours = [(70, 130, 180), (200, 90, 40), (60, 150, 80), (150, 70, 160)]
     methods = sorted({r["method"] for r in result["table"]} - {"ar"})

@@ -128,7 +128,14 @@ def run_env(start: RunStart, **fields) -> dict:
     return {"timestamp_utc": start.timestamp, **start.source, "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
             "threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
             "settings": settings.snapshot(), "load_before": start.load_before, "load_after": load_average(),
-            "wall_s": time.perf_counter() - start.clock, **fields}
+            "wall_s": time.perf_counter() - start.clock, "calibrations": _calibrations(), **fields}
+
+
+def _calibrations() -> list[dict]:
+    """The step-cost calibrations `auto` decided with (every one cached for this machine's user cache)."""
+    from specgen.modalities.calibration import cached_records
+
+    return cached_records()
 
 
 def script_record(script: str, args) -> dict:

@@ -18,9 +18,9 @@ from specgen.app.bench.records import RunStart, benchmarks_dir, record_dirs, run
 from specgen.app.bench.report import Written, command_line, fmt, print_outcome, run_line, write_record
 from specgen.app.bench.runner import Round, progress, rounds
 from specgen.app.bench.speech_frontier import DEFAULT_THETAS, SWEPT_KNOBS, Variant, sweep_variants
-from specgen.app.bench.stats import median, median_ci, prompt_medians
+from specgen.app.bench.stats import median, median_ci, prompt_medians, slowdowns
 
-DEFAULT_METHODS = ("ar", "sd", "ssd", "pcg")
+DEFAULT_METHODS = ("ar", "sd", "ssd", "pcg", "auto")
 SWAP_UTTERANCES = 48  # held-out corpus utterances in the token-swap stress test
 REFERENCE_PER_VOICE = 8  # training utterances per voice behind the speaker-similarity profiles
 
@@ -176,7 +176,8 @@ def _checked_sweeps(methods: list[str], thetas, betas) -> dict[str, list[float]]
 
 def _pooled_summary(method: str, stats: list[dict], runs: list[dict]) -> dict:
     """The bench summary of one method (or one swept variant of it) over its sampled runs."""
-    speedup, ci = median_ci(list(prompt_medians(runs, "speedup_vs_ar", "id").values()))
+    per_prompt = list(prompt_medians(runs, "speedup_vs_ar", "id").values())
+    speedup, ci = median_ci(per_prompt)
     committed, steps = sum(s["committed"] for s in stats), sum(s["row_steps"] for s in stats)
     accepted, rejections = sum(s["accepted"] for s in stats), sum(s["rejections"] for s in stats)
     drafted = sum(s["drafted"] for s in stats)
@@ -189,11 +190,17 @@ def _pooled_summary(method: str, stats: list[dict], runs: list[dict]) -> dict:
         "per_position_acceptance": _pooled_positions(stats),
         "wall_s": sum(s["wall_s"] for s in stats),
         "tokens_per_s": committed / sum(s["wall_s"] for s in stats),
-        "speedup_vs_ar": speedup, "speedup_vs_ar_ci95": ci,
+        "speedup_vs_ar": speedup, "speedup_vs_ar_ci95": ci, "slowdowns": slowdowns(per_prompt),
         "predicted_speedup_measured": median(s["predicted_speedup_measured"] for s in stats),
         "predicted_speedup_ideal": median(s["predicted_speedup_ideal"] for s in stats),
         **_pooled_exact(stats),
     }
+
+
+def _slower(slow: dict | None) -> str:
+    if not slow or not slow["prompts"]:
+        return "—"
+    return f"{slow['slower_than_ar']}/{slow['prompts']}; {fmt(slow['worst_speedup'])}×"
 
 
 def _default_draft_tokens() -> int:
@@ -228,8 +235,9 @@ def render_markdown(result: dict, plot_name: str | None = None) -> str:
              f"{env['sampling']['top_k']}; `sd` drafts {env['draft_tokens']} tokens per step; prompts "
              f"`{env['prompts']}`, {env['repeats']} repeat(s); target `{env['model']}`, draft `{env['draft']}`.", "",
              "| method | lossless | τ | α̂ | acceptance per position | steps | tokens/s | speedup vs ar (95% CI) | "
-             "predicted (measured costs) | predicted (ideal) | greedy identical to ar |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "predicted (measured costs) | predicted (ideal) | greedy identical to ar | slower than ar (prompts; "
+             "worst) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, m in result["methods"].items():
         ci = m["speedup_vs_ar_ci95"]
         ci_text = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
@@ -241,7 +249,7 @@ def render_markdown(result: dict, plot_name: str | None = None) -> str:
         lines.append(f"| `{name}` | {'yes' if m['lossless'] else 'no'} | {fmt(m['tau'])} | {alpha} | "
                      f"{positions} | {m['steps']} | {fmt(m['tokens_per_s'], 1)} | "
                      f"{fmt(m['speedup_vs_ar'])}×{ci_text} | {fmt(m['predicted_speedup_measured'])}× | "
-                     f"{fmt(m['predicted_speedup_ideal'])}× | {same} |")
+                     f"{fmt(m['predicted_speedup_ideal'])}× | {same} | {_slower(m.get('slowdowns'))} |")
     lines += ["", "Speedup = median over prompts of (ar wall time / method wall time) in the same round, methods in "
                   "rotated order. Predicted (measured costs) = E(α̂, γ) · T_ar / (γ · T_draft + T_verify), from "
                   "this run's timings; τ and steps do not depend on the machine.", ""]

@@ -45,3 +45,12 @@ def median(values) -> float | None:
     """The median of the values that are not None; None when there are none."""
     values = [v for v in values if v is not None]
     return float(np.median(values)) if values else None
+
+
+def slowdowns(per_prompt: list[float]) -> dict:
+    """How often a method ran slower than plain decoding: prompts (medians over repeats) with a speedup below 1,
+    out of all, and the worst and median per-prompt speedup."""
+    values = [v for v in per_prompt if v is not None]
+    return {"slower_than_ar": sum(v < 1.0 for v in values), "prompts": len(values),
+            "worst_speedup": min(values) if values else None,
+            "median_speedup": float(np.median(values)) if values else None}

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from specgen.app.bench.report import fmt, font
-from specgen.app.bench.stats import BOOTSTRAP_RESAMPLES, median, median_ci, prompt_medians
+from specgen.app.bench.stats import BOOTSTRAP_RESAMPLES, median, median_ci, prompt_medians, slowdowns
 from specgen.app.bench.text_runner import PEER_OF, PEERS, TIE_MARGIN, Variant
 from specgen.samplers.stats import SpecStats
 
@@ -43,6 +43,7 @@ def summarise(items: list[dict], variants: list[Variant], stats: dict[str, SpecS
             "predicted_speedup_measured": median(i["predicted_speedup_measured"] for i in mine),
             "measured_over_predicted": median(i.get("measured_over_predicted") for i in mine),
             "speedup_vs_ar": speedup, "speedup_vs_ar_ci95": ci,
+            "slowdowns": slowdowns(list(per_prompt.values())),
             "speedup_by_category": {c: float(np.median(x)) for c, x in sorted(by_category.items())},
             "identical_to_ar": not divergences,
             "identical_items": sum(i["identical_to_ar"] for i in mine), "items": len(mine),
@@ -96,6 +97,12 @@ def _f(value, digits: int = 2, suffix: str = "") -> str:
     return fmt(value, digits, suffix, missing="–")
 
 
+def _slower_cell(slow: dict | None) -> str:
+    if not slow or not slow["prompts"]:
+        return "—"
+    return f"{slow['slower_than_ar']}/{slow['prompts']}; {_f(slow['worst_speedup'])}×"
+
+
 def _speedup_cell(value, ci) -> str:
     if value is None:
         return "–"
@@ -129,15 +136,16 @@ def render_markdown(result: dict, plot_name: str | None) -> str:
 
     lines += ["## Methods", "",
               "| method | speedup vs ar [95 % CI] | tokens/s | τ | α̂ | acceptance | steps | predicted (ideal / "
-              "measured) | measured ÷ predicted | identical to ar |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "measured) | measured ÷ predicted | identical to ar | slower than ar (prompts; worst) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in methods.values():
         name = f"`{m['name']}`" + (" (faster)" if m.get("faster") else "")
         lines.append(
             f"| {name} | {_speedup_cell(m['speedup_vs_ar'], m['speedup_vs_ar_ci95'])} | {_f(m['tokens_per_s'], 1)} "
             f"| {_f(m['tau'])} | {_f(m['alpha_hat'])} | {_f(m['acceptance_rate'])} | {m['steps']} "
             f"| {_f(m['predicted_speedup_ideal'])} / {_f(m['predicted_speedup_measured'])} "
-            f"| {_f(m['measured_over_predicted'])} | {m['identical_items']}/{m['items']} |")
+            f"| {_f(m['measured_over_predicted'])} | {m['identical_items']}/{m['items']} "
+            f"| {_slower_cell(m.get('slowdowns'))} |")
     peers = [(name, m["vs_peer"]) for name, m in methods.items() if "vs_peer" in m]
     if peers:
         lines += ["", "## Ours against the peers", "", "| ours | peer (faster setting) | speedup [95 % CI] |",

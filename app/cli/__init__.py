@@ -3,7 +3,7 @@
 `--help` and argument errors must answer fast and load no torch, so the parser modules import only the standard
 library, `specgen.errors`, the request options and the torch-free method registry; each command imports what it
 needs when it runs. Every error, from argparse or from a command, is exit code 2 and one line `error: ...` on stderr.
-One module per command adds its subparser: generate.py, bench.py, batch.py, train.py, demo.py, selfcheck.py, info.py.
+One module per command adds its subparser (generate.py, bench.py, serve.py, ...).
 """
 
 from __future__ import annotations
@@ -14,11 +14,14 @@ import sys
 from specgen import __version__, settings
 from specgen.app.cli.batch import add_batch_parser
 from specgen.app.cli.bench import add_bench_parser
+from specgen.app.cli.calibrate import add_calibrate_parser
+from specgen.app.cli.datastore import add_datastore_parser
 from specgen.app.cli.demo import add_demo_parser
 from specgen.app.cli.generate import add_generate_parser
 from specgen.app.cli.info import add_info_parser
 from specgen.app.cli.options import EXIT_USAGE, TEXT_REQUEST_OPTIONS, Parser, int_at_least, one_line, threads_option
 from specgen.app.cli.selfcheck import add_selfcheck_parser
+from specgen.app.cli.serve import add_serve_parser
 from specgen.app.cli.train import add_train_parser
 from specgen.errors import InvalidRequest, SpecgenError
 
@@ -42,8 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     for add in (add_demo_parser, add_generate_parser, add_bench_parser, add_batch_parser, add_train_parser,
-                add_selfcheck_parser, add_info_parser):
+                add_selfcheck_parser, add_info_parser, add_datastore_parser, add_serve_parser,
+                add_calibrate_parser):
         add(commands, command)
+    parser.set_defaults(command_names=list(commands.choices))
     return parser
 
 
@@ -65,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     try:
         if args.command is None:
-            raise InvalidRequest("choose a command: demo, generate, bench, batch, train, selfcheck or info "
-                                 "(see specgen --help)")
+            raise InvalidRequest(f"choose a command: {', '.join(args.command_names)} (see specgen --help)")
         _apply_thread_setting(args)
         args.argv = list(sys.argv[1:] if argv is None else argv)  # bench records the exact command
         return args.handler(args)

@@ -16,8 +16,8 @@ def add_batch_parser(commands, command) -> None:
                        help="results, one line per request; ids already there are skipped on a rerun")
     batch.add_argument("--engine", choices=("local", "ray"), default="local", help="default: local")
     batch.add_argument("--online-draft", type=int_at_least(1), metavar="I",
-                       help="online speculative decoding: update the text draft from its rejections every I items "
-                            "(outputs stay exact; local engine)")
+                       help="online speculative decoding: update the text draft from its rejections every I items; "
+                            "text items without a method run `draft` (outputs stay exact; local engine)")
     batch.add_argument("--rows", type=int_at_least(1), default=1, metavar="N",
                        help="greedy text items with the same method and knobs decode N at a time by continuous "
                             "batching, with the same tokens (default: 1, one by one)")

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specgen.app.cli.options import existing_file, finite_float, float_list, int_at_least, int_list, method_list
+from specgen.app.cli.options import (existing_file, finite_float, float_list, int_at_least, int_list, method_list,
+                                     method_name)
 from specgen.samplers import registry
 from specgen.settings import use_threads
 
@@ -67,6 +68,9 @@ def _add_studies(kinds, command) -> None:
     _run_options(p, "speech", "benchmarks/prompts/speech-frontier.jsonl", repeats=2)
     p.add_argument("--max-new-tokens", type=int_at_least(1), metavar="N", help="default: from the text length")
     _speech_options(p)
+    p = command(kinds, "serve", "`specgen serve` under concurrent greedy clients against one client at a time and "
+                "against plain decoding (the code pair and Gemma 3 270M)", "bench serve", _bench_serve)
+    _serve_options(p)
 
 
 # ---- options ---------------------------------------------------------------------------------------------------
@@ -147,6 +151,19 @@ def _tetris_options(p: argparse.ArgumentParser) -> None:
     _record_options(p)
 
 
+def _serve_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", type=lambda text: [m.strip() for m in text.split(",") if m.strip()],
+                   default=["code", "gemma"], metavar="A,B", help="code, gemma (default: both)")
+    p.add_argument("--method", type=method_name("text"), help="the server's method (default: the model's default)")
+    p.add_argument("--prompts", type=existing_file, metavar="FILE",
+                   help="JSON Lines, cycled (default: benchmarks/prompts/text.jsonl)")
+    p.add_argument("--requests", type=int_at_least(1), default=24, metavar="N", help="per way (default: 24)")
+    p.add_argument("--clients", type=int_at_least(2), default=8, metavar="N", help="concurrent clients (default: 8)")
+    p.add_argument("--rows", type=int_at_least(1), default=8, metavar="N", help="server rows per lane (default: 8)")
+    p.add_argument("--max-tokens", type=int_at_least(1), default=64, metavar="N", help="per request (default: 64)")
+    _record_options(p)
+
+
 def _calibrate_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="target (default: the shipped code target; tree drafts need a draft over the "
                                    "target's full vocabulary)")
@@ -188,3 +205,4 @@ _bench_speech_frontier = _handler("speech", "bench_speech_frontier")
 _bench_tetris = _handler("tetris", "bench_tetris")
 _bench_lantern = _handler("lantern", "lantern_command")
 _bench_calibrate = _handler("calibrate", "bench_calibrate")
+_bench_serve = _handler("serve", "bench_serve")

@@ -24,7 +24,7 @@ def _info(args: argparse.Namespace) -> int:
     record = {"specgen": __version__, "python": platform.python_version(), "platform": platform.platform(),
               "packages": {name: _version(name) for name in PACKAGES},
               "assets": str(assets_dir()), "cache": str(cache_dir()), "threads": args.threads,
-              "settings": settings.snapshot()}
+              "settings": settings.snapshot(), "calibrations": _calibrations()}
     if args.json:
         print(json.dumps(record))
         return 0
@@ -34,7 +34,22 @@ def _info(args: argparse.Namespace) -> int:
     print("settings (environment variables):")
     for name, value in record["settings"].items():
         print(f"  {name}={value}    # {settings.SETTINGS[name].help}")
+    print("calibrations (step costs `auto` decides with; `specgen calibrate` measures them):")
+    for cal in record["calibrations"] or [{"file": None}]:
+        if cal["file"] is None:
+            print("  none yet (the first auto request of a model measures its own)")
+            continue
+        windows = cal["T_verify_ms"]
+        print(f"  {cal['modality']} {', '.join(cal['models'])}: {cal['threads']} threads, torch {cal['torch']}, "
+              f"{cal['measured_at']}; T_verify 1/{max(windows, key=int)} slots = {windows.get('1')}/"
+              f"{windows[max(windows, key=int)]} ms; candidates {', '.join(cal['candidates'])}")
     return 0
+
+
+def _calibrations() -> list[dict]:
+    from specgen.modalities.calibration import cached_records
+
+    return cached_records()
 
 
 def _version(name: str) -> str | None:

@@ -146,7 +146,7 @@ def method_list(modality: str):
 
 def method_help(modality: str) -> str:
     names = registry.method_names(modality)
-    default = ("draft with a draft model, else ngram" if modality == "text" else registry.default_method(modality))
+    default = registry.default_method(modality)
     return f"one of: {', '.join(names)} (default: {default})"
 
 

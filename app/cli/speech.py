@@ -25,7 +25,8 @@ def generate_speech(args) -> int:
     processing = generator.processing(temperature=args.temperature, top_k=args.top_k)
     if spec.drafter is not None:
         generator.draft_model  # noqa: B018 - load (and check) the draft before decoding starts
-    generator.rule(method, processing, spec.resolve_knobs(knobs))  # builds (or loads) pcg's groups up front
+    if spec.rule != "auto":  # auto builds its candidates' rules itself
+        generator.rule(method, processing, spec.resolve_knobs(knobs))  # builds (or loads) pcg's groups up front
     stats, tokens, groups = SpecStats(), [], []
     started = time.perf_counter()
     events = generator.stream(args.text, method=method, stats=stats, **request, **knobs)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from specgen.app import request_options
-from specgen.app.ui.models import LazyGenerator
+from specgen.app.ui.models import LazyGenerator, warm_default_paths
 from specgen.app.ui.widgets import (COMPARING_NOTE, PLAIN_NOTE, LiveStats, acceptance_frame, acceptance_plot,
                                     check_option, compare_with_plain, jsonable, method_params, option_widget,
                                     run_controls, shown_in_ui, stats_json, stats_markdown, timed)
@@ -28,6 +28,10 @@ class ImageModels(LazyGenerator):
             generator = ImageGenerator(model, vq, threads=threads, video=video)
             generator.measure_window_s("K", 32)  # warm up: the first forward of a window size allocates
             generator.measure_step_s("K")
+            from specgen.modalities.image import conditions
+
+            examples = conditions.VIDEO_EXAMPLE_PROMPTS if video else conditions.EXAMPLE_PROMPTS
+            warm_default_paths(generator, examples[0])  # the tab's first request, with auto and plain decoding
             return generator
 
         self.modality = "video" if video else "image"
@@ -169,7 +173,7 @@ def build_image_tab(gr, image_models: ImageModels, *, concurrency_limit: int, co
     modality = image_models.modality
     examples = conditions.VIDEO_EXAMPLE_PROMPTS if modality == "video" else conditions.EXAMPLE_PROMPTS
     default = registry.default_method(modality)
-    knobs = registry.get_method(modality, default).resolve_knobs({})
+    knobs = registry.get_method(modality, registry.fixed_default_method(modality)).resolve_knobs({})  # Jacobi sliders
     options = request_options.fields(modality)
     with gr.Tab(modality.capitalize(), id=modality, elem_id=f"tab-{modality}"):
         with gr.Row():

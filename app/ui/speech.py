@@ -4,8 +4,10 @@ the residual; ssd: beta) and, next to their acceptance, what exact token-level s
 
 from __future__ import annotations
 
+import time
+
 from specgen.app import request_options
-from specgen.app.ui.models import LazyGenerator
+from specgen.app.ui.models import LazyGenerator, warm_default_paths
 from specgen.app.ui.widgets import (PLAIN_NOTE, LiveStats, acceptance_frame, acceptance_plot, check_option,
                                     compare_with_plain, jsonable, method_params, option_widget, run_controls,
                                     shown_in_ui, stats_json, stats_markdown, timed)
@@ -15,12 +17,18 @@ from specgen.samplers import registry
 OPTIONS = ("temperature", "seed")  # the request options the tab shows besides the voice, in this order
 
 
+EXAMPLE_TEXT = "The quick brown fox jumps over the lazy dog."  # the tab's first text
+UPDATE_S = 0.25  # at most this often a live update of the statistics
+
+
 class SpeechModels(LazyGenerator):
     def __init__(self, generator=None, *, threads: int | None = 1):
         def load():
             from specgen.modalities.speech.generator import SpeechGenerator
 
-            return SpeechGenerator(threads=threads)
+            generator = SpeechGenerator(threads=threads)
+            warm_default_paths(generator, EXAMPLE_TEXT)  # the tab's first request, with auto and plain decoding
+            return generator
 
         super().__init__(load, "speech models", generator)
 
@@ -65,10 +73,16 @@ def stream_speech(generator, text, method, spec, compare, knobs, options):
     stats, live = SpecStats(), LiveStats()
     tokens: list[int] = []
     events, busy = timed(generator.stream(text, method=method, stats=stats, **options, **knobs))
+    shown = 0.0
     for event in events:
         if event.row == 0:
             live.update(event)
             tokens.extend(event.tokens)
+            # a step here takes milliseconds; an update is rendered and sent by another thread, which would slow
+            # the decoding it reports (and the comparison with plain decoding, which sends none): a few per second
+            if time.perf_counter() - shown < UPDATE_S:
+                continue
+            shown = time.perf_counter()
             current = {**live.summary(busy[0]), "lossless": spec.lossless}
             yield (None, stats_markdown(current, method=method, running=True),
                    acceptance_frame(current["per_position_acceptance"]), current)
@@ -109,7 +123,7 @@ def build_speech_tab(gr, speech_models: SpeechModels, *, concurrency_limit: int,
     with gr.Tab("Speech", id="speech", elem_id="tab-speech"):
         with gr.Row():
             with gr.Column(scale=1):
-                text = gr.Textbox(label="Text to speak", lines=3, value="The quick brown fox jumps over the lazy dog.",
+                text = gr.Textbox(label="Text to speak", lines=3, value=EXAMPLE_TEXT,
                                   elem_id="speech-text")
                 method, compare, run, stop = run_controls(gr, "speech", registry.method_names("speech"), default)
                 with gr.Accordion("Settings", open=True):

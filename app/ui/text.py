@@ -8,7 +8,7 @@ import sys
 
 from specgen.app import request_options
 from specgen.app.ui.detokenizer import IncrementalDetokenizer
-from specgen.app.ui.models import LazyGenerator
+from specgen.app.ui.models import LazyGenerator, warm_default_paths
 from specgen.app.ui.widgets import (COLOR_MAP, COMPARING_NOTE, PLAIN_LABEL, PLAIN_NOTE, SOURCE_LABELS, LiveStats,
                                     acceptance_frame, acceptance_plot, check_option, compare_with_plain, jsonable,
                                     method_params, option_widget, run_controls, shown_in_ui, stats_json,
@@ -33,6 +33,7 @@ class TextModels(LazyGenerator):
             if (model or default_models()[0]) == gemma.ALIAS:  # a first use converts it: show the stages
                 gemma.resolve(log=self._converting)
             loaded = TextGenerator(model, draft, threads=threads)
+            warm_default_paths(loaded, loaded.example_prompt, max_new_tokens=16)
             if online_draft is not None:  # online speculative decoding across every request the demo serves
                 loaded.learn_online(interval=online_draft)
             return loaded
@@ -92,7 +93,9 @@ def text_knobs() -> list:
     # TETRIS's knobs came last to the registry: after the others, so the demo API's positional arguments keep
     # their order for existing clients
     batch = {knob.name for knob in registry.TETRIS_KNOBS}
-    return [k for k in knobs if k.name not in batch] + [k for k in knobs if k.name in batch]
+    auto = {knob.name for knob in registry.AUTO_KNOBS}  # auto's came later still: after TETRIS's
+    return ([k for k in knobs if k.name not in batch | auto] + [k for k in knobs if k.name in batch]
+            + [k for k in knobs if k.name in auto])
 
 
 def method_info(name: str) -> str:

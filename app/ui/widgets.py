@@ -139,8 +139,31 @@ def stats_markdown(stats: dict, *, method: str, running: bool, compare: dict | N
             rows.append(("identical to plain decoding", "yes" if compare["identical_to_ar"] else "**no**"))
     lines = [f"**{state}**", "", "| statistic | value |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows]
+    if stats.get("auto"):
+        lines += ["", auto_timeline_markdown(stats["auto"])]
     if note:
         lines += ["", note]
+    return "\n".join(lines)
+
+
+def auto_timeline_markdown(report: dict) -> str:
+    """What `auto` chose and every switch, each with the predicted speedup of every candidate behind it."""
+    def choice(entry: dict) -> str:
+        name = "plain decoding (ar)" if entry["method"] == "ar" else f"`{entry['method']}`"
+        return name + (f" (length {entry['length']})" if entry["method"] != "ar" else "")
+
+    def why(entry: dict) -> str:
+        ranked = sorted(entry["predicted"].items(), key=lambda kv: -kv[1])
+        return ", ".join(f"{name} {speedup:.2f}×" for name, speedup in ranked)
+
+    entries = [report["initial"], *report.get("switches", [])] if report.get("initial") else []
+    lines = [f"**auto chose** {choice(entries[0]) if entries else '`ar`'}"
+             + ("; steps per method: " + ", ".join(f"{n} {c}" for n, c in report.get("steps_by_method", {}).items())
+                if report.get("steps_by_method") else ""),
+             "", "| step | auto runs | predicted speedup of each candidate |", "|---|---|---|"]
+    lines += [f"| {e['step']} | {choice(e)} | {why(e)} |" for e in entries[:12]]
+    if len(entries) > 12:
+        lines.append(f"| … | {len(entries) - 12} more switches | |")
     return "\n".join(lines)
 
 

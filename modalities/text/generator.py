@@ -51,8 +51,7 @@ def shipped_code_pair() -> tuple[str, str]:
 
 def default_method(model: str | None, draft: str | None) -> str:
     """What a text request without a method gets (`model`/`draft` as given, None for the defaults): the registry's
-    rule (`registry.default_method`), told whether a draft model is there and whether the model is Gemma, where
-    prompt lookup is the fastest method measured (`ngram` 2.10x, `draft-lookup` 2.05x, `draft` 1.42x)."""
+    (`registry.default_method`: `auto`, which chooses per request among the methods this model can serve)."""
     if model is None:
         model, draft = default_models()[0], draft or default_models()[1]
     return registry.default_method("text", draft_model=draft is not None,
@@ -85,7 +84,10 @@ def knob_defaults(model: str | None, spec) -> dict:
     of the shipped code target."""
     model = model or default_models()[0]
     if _is_gemma(model):
-        return {"num_draft_tokens": gemma.MODEL_DRAFT_LENGTHS.get(spec.name, gemma.DRAFT_LENGTH)}
+        preferred = {"num_draft_tokens": gemma.MODEL_DRAFT_LENGTHS.get(spec.name, gemma.DRAFT_LENGTH)}
+        if spec.name in ("stand", "rest", "dresd", "consensus"):  # every verified slot costs Gemma's 262k-token
+            preferred["tree_budget"] = 4  # output layer: small model-free trees (docs/model_free.md)
+        return preferred
     if spec.name in CODE_DRAFT_LENGTHS and _is_shipped_code_target(model):
         return {"num_draft_tokens": CODE_DRAFT_LENGTHS[spec.name]}
     return {}
@@ -301,7 +303,10 @@ class TextGenerator(Generator):
 
     def capacity(self, spec, knobs: dict, prompts, max_new_tokens: int) -> int:
         tree = (spec.drafter or "").startswith("tree-")
-        return self.context_size + (tree_room(spec.drafter, knobs) if tree else 0)  # a tree needs free slots
+        from specgen.modalities.drafters.model_free import tree_room as free_tree_room
+
+        room = tree_room(spec.drafter, knobs) if tree else free_tree_room(spec.drafter, knobs)
+        return self.context_size + room  # a tree needs free slots
 
     def engine(self, capacity: int | None) -> TransformersTarget:
         return self.target(capacity)
@@ -378,6 +383,10 @@ class TextGenerator(Generator):
                                 int8_head=gemma.is_served(self.model_path))
         if kind == "ngram":
             return PromptLookupDrafter(knobs["max_matching_ngram_size"], knobs["min_matching_ngram_size"])
+        if kind in ("stand", "rest", "dresd", "consensus"):  # model-free (modalities/drafters/model_free.py)
+            from specgen.modalities.drafters.model_free import make_drafter
+
+            return make_drafter(kind, self, knobs, processing)
         if kind is not None and kind.startswith("tree-"):
             from specgen.modalities.drafters.tree import tree_drafter
 

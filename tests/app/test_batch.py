@@ -50,7 +50,8 @@ ITEMS = [
      "params": {"max_new_tokens": 10, "num_draft_tokens": 3}},
     {"id": "speech", "modality": "speech", "text": "hello", "method": "sd",
      "params": {"temperature": 0.0, "max_new_tokens": 20}},
-    {"id": "video", "modality": "video", "class": "3", "params": {"window": 40, "temperature": 0.0}},
+    {"id": "video", "modality": "video", "class": "3", "method": "mc-sjd",  # window is a Jacobi knob; default: auto
+     "params": {"window": 40, "temperature": 0.0}},
     {"id": "too-long", "modality": "text", "prompt": "ab", "params": {"max_new_tokens": 500}},
     {"id": "sampled", "modality": "text", "prompt": "ab", "seed": 3, "method": "draft",
      "params": {"temperature": 1.0, "top_p": 0.9, "num_samples": 2, "max_new_tokens": 8}},
@@ -109,9 +110,9 @@ def test_every_item_gets_one_line_and_failures_are_recorded(full_run, generator,
     greedy = ImageGenerator(video_model, image_pair[1]).generate("3", method="ar", temperature=0)
     assert video["tokens"] == greedy.tokens[0] and by_id["video"]["stats"]["steps"] < 32
     assert "max_new_tokens" in by_id["too-long"]["error"]
-    alone = generator.generate("abc abc (x", method="draft", max_new_tokens=12)
+    alone = generator.generate("abc abc (x", method="auto", max_new_tokens=12)  # an item without a method: auto
     assert by_id["greedy"]["result"] == {"text": alone.text, "tokens": alone.tokens}
-    assert by_id["greedy"]["stats"]["method"] == "draft" and by_id["greedy"]["stats"]["tau"] == alone.stats["tau"]
+    assert by_id["greedy"]["stats"]["method"] == "auto" and by_id["greedy"]["stats"]["tau"] == alone.stats["tau"]
     assert by_id[2]["stats"]["method"] == "ngram" and by_id["plain"]["stats"]["tau"] == 1.0
     sampled = generator.generate("ab", method="draft", temperature=1.0, top_p=0.9, num_samples=2, seed=3,
                                  max_new_tokens=8)

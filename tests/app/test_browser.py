@@ -61,6 +61,7 @@ def test_text_tab_runs_in_the_browser(page, tmp_path):
     assert len(page.query_selector_all("#text-output .token.highlighted")) >= 1
     stats = page.inner_text("#text-stats")
     assert "τ" in stats and "measured speedup vs plain decoding" in stats
+    assert "auto chose" in stats and "predicted speedup of each candidate" in stats  # the default's timeline
     shot = Path(os.environ.get("SPECGEN_SCREENSHOT_DIR", tmp_path)) / "demo-text.png"
     page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 10_000

@@ -106,8 +106,8 @@ def test_generate_video_writes_a_gif(tiny_video, tmp_path, capsys):
     model, vq = tiny_video
     out = tmp_path / "v.gif"
     code, stdout, _ = run(["generate", "video", "--prompt", "red K moving right", "--model", str(model), "--vq",
-                           str(vq), "--window", "40", "--num-samples", "2", "--fps", "8", "--out", str(out),
-                           "--json"], capsys)
+                           str(vq), "--method", "mc-sjd", "--window", "40", "--num-samples", "2", "--fps", "8",
+                           "--out", str(out), "--json"], capsys)  # --window is a Jacobi knob; the default is auto
     assert code == 0
     result = json.loads(stdout)
     assert len(result["tokens"]) == 2 and all(len(t) == 48 for t in result["tokens"])

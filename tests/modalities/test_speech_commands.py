@@ -84,7 +84,10 @@ def test_bench_speech_compares_ar_and_sd(models, tmp_path, capsys, monkeypatch):
     prompts.write_text('{"id": "a", "text": "hello there"}\n{"id": "b", "text": "good night", "voice": "awb"}\n')
     generator = SpeechGenerator(models[1], models[3], models[5])
     result = speech_bench.run_bench_speech(prompts_path=prompts, max_new_tokens=12, generator=generator)
-    assert set(result["methods"]) == {"ar", "sd", "ssd", "pcg"}  # every speech method by default
+    assert set(result["methods"]) == {"ar", "sd", "ssd", "pcg", "auto"}  # every speech method by default
+    assert result["methods"]["auto"]["identical_to_ar"] is True
+    slow = result["methods"]["sd"]["slowdowns"]
+    assert slow["prompts"] == 2 and 0 <= slow["slower_than_ar"] <= 2 and slow["worst_speedup"] > 0
     sd = result["methods"]["sd"]
     assert sd["identical_to_ar"] is True and sd["tau"] >= 1 and sd["speedup_vs_ar"] > 0
     assert result["methods"]["ar"]["tau"] == 1

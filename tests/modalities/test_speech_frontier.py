@@ -36,11 +36,11 @@ def test_theta_sweep_runs_end_to_end_and_writes_report_and_plot(tiny, tmp_path):
                                               generator=SpeechGenerator(target, draft, codec), thetas=[1.0, 0.25],
                                               quality=True, corpus=corpus, swap_utterances=3)
     assert set(result) == {"methods", "items", "env", "frontier"}  # the bench contract, plus the frontier
-    assert set(result["methods"]) == {"ar", "sd", "ssd", "pcg"}
+    assert set(result["methods"]) == {"ar", "sd", "ssd", "pcg", "auto"}  # the default methods
     frontier = result["frontier"]
     rows = {r["variant"]: r for r in frontier["rows"]}
     # the registry's default theta (0.5) joins every sweep
-    assert set(rows) == {"ar", "sd", "ssd beta=0.1", "pcg theta=1", "pcg theta=0.5", "pcg theta=0.25"}
+    assert set(rows) == {"ar", "sd", "ssd beta=0.1", "pcg theta=1", "pcg theta=0.5", "pcg theta=0.25", "auto"}
     for row in rows.values():
         assert row["speedup_vs_ar"] > 0 and row["speedup_vs_sd"] > 0 and 0 <= row["wer"] and -1 <= row["similarity"] <= 1
     for key in ("sd", "ssd beta=0.1", "pcg theta=1", "pcg theta=0.25"):

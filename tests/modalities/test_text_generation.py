@@ -163,7 +163,7 @@ def test_cli_generate_text_json_and_trace(pair, tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     result = json.loads(out)  # stdout holds only the JSON object
-    assert len(result["tokens"]) == 16 and result["stats"]["method"] == "draft"
+    assert len(result["tokens"]) == 16 and result["stats"]["method"] == "auto"  # the default
     events = [json.loads(line) for line in trace.read_text().splitlines()]
     assert sum(len(e["tokens"]) for e in events) == 16
     assert {s for e in events for s in e["sources"]} <= {"accepted", "recovered", "bonus"}
@@ -218,9 +218,10 @@ def test_the_shipped_code_tokenizer_adds_the_bos_its_models_were_trained_after()
 
 def test_generate_without_a_method_takes_the_models_default(pair):
     generator = TextGenerator(*pair)
-    assert generator.default_method == "draft"  # a draft model is loaded
-    assert generator.generate("ab", max_new_tokens=4).stats["method"] == "draft"
-    assert TextGenerator(pair[0]).generate("ab", max_new_tokens=4).stats["method"] == "ngram"
+    assert generator.default_method == "auto"  # with a draft model or without, auto chooses per request
+    assert generator.generate("ab", max_new_tokens=4).stats["method"] == "auto"
+    alone = TextGenerator(pair[0]).generate("ab", max_new_tokens=4).stats
+    assert alone["method"] == "auto" and "draft" not in alone["auto"]["initial"]["predicted"]
 
 
 def test_cli_compare_reports_plain_decoding_beside_the_method(pair, capsys):
@@ -233,7 +234,7 @@ def test_cli_compare_reports_plain_decoding_beside_the_method(pair, capsys):
                  "--max-new-tokens", "12", "--compare"])
     err = capsys.readouterr().err
     assert code == 0
-    footer = next(line for line in err.splitlines() if line.startswith("[draft] "))
+    footer = next(line for line in err.splitlines() if line.startswith("[auto] "))
     assert "12 tokens in" in footer and "tokens/s decoding" in footer and "models loaded in" in footer
     assert "[ar] plain decoding of the same request" in err and "identical output" in err
 
@@ -272,7 +273,8 @@ def test_every_text_method_knob_is_a_cli_flag(pair, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--method", "ngram", "--tree-budget", "8"], "error: --tree-budget applies to sequoia, dyspec, eagle2, not 'ngram'"),
+    (["--method", "ngram", "--tree-budget", "8"],
+     "error: --tree-budget applies to sequoia, dyspec, eagle2, stand, rest, dresd, consensus, not 'ngram'"),
     (["--method", "draft", "--num-draft-tokens", "0"], "error: num_draft_tokens must be >= 1, got 0"),
     (["--method", "draft", "--length-schedule", "often"], "error: length_schedule must be one of fixed, heuristic, svip, kangaroo, cost, got 'often'"),
 ])

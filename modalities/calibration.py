@@ -1,0 +1,199 @@
+"""Per-machine, per-model step costs for `auto`: T_verify(n) by window size, each candidate's drafting cost by
+length, and each candidate's acceptance on a short run, measured once and cached.
+
+The cache lives in `$SPECGEN_HOME/calibration/<key>.json`, keyed by the CPU model, the torch thread count, the torch
+version, the modality and a hash of the model files (name, size, modification time of every file of the target and
+of its draft or head), so a new machine, thread count, torch or checkpoint is measured afresh and anything else is
+reused. A candidate missing from a cached record (a drafter added since) is measured and added. `specgen calibrate`
+measures ahead of time; otherwise the first `auto` request does, with a progress bar on stderr.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from specgen import settings
+from specgen.modalities.runtime.transformers_adapter import measure_window_s
+from specgen.samplers.auto import Costs
+from specgen.samplers.types import DecodeContext
+
+VERSION = 6  # 2: fastest of 5 timings, monotone in window size; 4: Jacobi priors over a whole image or clip; 5: image/video windows timed at half a request's context
+# a Jacobi window's run, one whole image or clip (at most this many tokens): its tokens per step grow as it settles
+STATEFUL_PRIOR_TOKENS = 2048
+PRIOR_TOKENS = 48  # tokens of the short run that measures each candidate's acceptance
+WINDOWS = (1, 2, 3, 4, 5, 6, 8, 10, 13, 17)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def files_hash(paths: Sequence[str | Path | None]) -> str:
+    """A hash of every file under `paths` by name, size and modification time (cheap for large weights)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        if path is None:
+            continue
+        path = Path(path)
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for file in files:
+            if file.exists() and "__pycache__" not in file.parts:
+                stat = file.stat()
+                digest.update(f"{file.name}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+    return digest.hexdigest()[:16]
+
+
+def machine_key(modality: str, paths: Sequence) -> dict:
+    return {"cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__, "modality": modality,
+            "models": [str(p) for p in paths if p is not None], "model_hash": files_hash(paths), "version": VERSION}
+
+
+def cache_path(key: dict) -> Path:
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    home = settings.path("SPECGEN_HOME", Path("~/.cache/specgen").expanduser())
+    return home / "calibration" / f"{key['modality']}-{name}.json"
+
+
+def load(key: dict) -> dict | None:
+    path = cache_path(key)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if record.get("key") == key else None
+
+
+def save(record: dict) -> Path:
+    path = cache_path(record["key"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def costs_of(record: dict) -> Costs:
+    return Costs({int(n): s for n, s in record["verify_s"].items()},
+                 {name: tuple(v) for name, v in record["draft_s"].items()})
+
+
+class Progress:
+    """A progress bar on stderr (quiet when `quiet` or when stderr is not a terminal and nothing asked for it)."""
+
+    def __init__(self, total: int, label: str, quiet: bool = False):
+        self.bar = None
+        if not quiet:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=label, file=sys.stderr, leave=False, mininterval=0.2)
+
+    def update(self, what: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(what, refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def calibrate(key: dict, target, prompt: torch.Tensor, windows: Sequence[int], candidates: dict[str, Callable],
+              run_prior: Callable, record: dict | None = None, quiet: bool = False, processing=None) -> dict:
+    """Measure what `record` lacks: T_verify(n) for each n of `windows`, and per candidate (name -> a function
+    building a fresh `Candidate`) its drafting cost and its acceptance on a short run (`run_prior(candidate)` ->
+    (alpha, hit rate, tau))."""
+    started = time.perf_counter()
+    record = record or {"key": key, "verify_s": {}, "draft_s": {}, "prior": {}}
+    todo_windows = [n for n in windows if str(n) not in record["verify_s"]]
+    todo = [name for name in candidates if name not in record["draft_s"]]
+    if not todo_windows and not todo:
+        return record
+    progress = Progress(len(todo_windows) + len(todo), f"calibrating {key['modality']} for this machine", quiet)
+    try:
+        measure_window_s(target, prompt, 1, 2)  # first touch: compiled kernels, caches
+        for n in todo_windows:
+            record["verify_s"][str(n)] = _fastest(lambda: measure_window_s(target, prompt, n, 1), REPEATS)
+            progress.update(f"window {n}")
+        record["verify_s"] = _monotone(record["verify_s"])
+        for name in todo:
+            candidate = candidates[name]() if processing is None else candidates[name](processing)
+            record["draft_s"][name] = list(_draft_cost(candidate, prompt))
+            alpha, hit, tau = run_prior(candidate)
+            record["prior"][name] = {"alpha": alpha, "hit": hit, "tau": tau}
+            progress.update(name)
+    finally:
+        progress.close()
+    record["seconds"] = round(record.get("seconds", 0.0) + time.perf_counter() - started, 2)
+    record["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return record
+
+
+REPEATS = 5
+
+
+def _fastest(measure: Callable[[], float], repeats: int) -> float:
+    """The fastest of `repeats` timings: on a shared CPU the noise only ever adds time."""
+    return min(measure() for _ in range(repeats))
+
+
+def _monotone(verify_s: dict) -> dict:
+    """A larger window never costs less: each size takes the least of its own time and every larger size's (a
+    contended measurement of one size does not make it look dearer than the next)."""
+    out, least = {}, float("inf")
+    for n in sorted(verify_s, key=int, reverse=True):
+        least = min(least, verify_s[n])
+        out[n] = least
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+def _draft_cost(candidate, prompt: torch.Tensor) -> tuple[float, float]:
+    """(fixed, per token) seconds of a proposal, from the fastest proposals of two lengths (a tree: its own)."""
+    ctx = DecodeContext([prompt], torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), 0)
+    lengths = (max(candidate.lengths),) if candidate.is_tree else (1, max(candidate.lengths))
+    times = {}
+    candidate.drafter.propose(ctx, lengths[-1])  # first touch (the draft's prompt prefill)
+    for length in lengths:
+        samples = []
+        for _ in range(REPEATS):
+            start = time.perf_counter()
+            candidate.drafter.propose(ctx, length)
+            samples.append(time.perf_counter() - start)
+        times[length] = min(samples)
+    if len(lengths) == 1:
+        return times[lengths[0]], 0.0
+    short, long = lengths
+    per_token = max((times[long] - times[short]) / (long - short), 0.0)
+    return max(times[short] - per_token, 0.0), per_token
+
+
+def cached_records() -> list[dict]:
+    """Every calibration in the user cache (for `specgen info`)."""
+    home = settings.path("SPECGEN_HOME", Path("~/.cache/specgen").expanduser())
+    out = []
+    for path in sorted((home / "calibration").glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        out.append({"file": str(path), "modality": record["key"]["modality"], "models": record["key"]["models"],
+                    "cpu": record["key"]["cpu"], "threads": record["key"]["threads"],
+                    "torch": record["key"]["torch"], "measured_at": record.get("measured_at"),
+                    "seconds": record.get("seconds"),
+                    "T_verify_ms": {n: round(s * 1e3, 2) for n, s in sorted(record["verify_s"].items(),
+                                                                           key=lambda kv: int(kv[0]))},
+                    "candidates": sorted(record["draft_s"])})
+    return out

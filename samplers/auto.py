@@ -1,0 +1,390 @@
+"""`auto`: pick a method and its draft length per request from a calibrated cost model, and adapt between steps.
+
+`AutoDrafter` holds candidate drafters (each with the rule matching the law it drafts from) and, before every
+step, the choice the cost model predicts fastest:
+
+    speed(plain)     = 1 / T_verify(1)
+    speed(chain, g)  = E(g) / (T_draft(g) + hit * T_verify(g + 1) + (1 - hit) * T_verify(1))
+    speed(tree)      = tau / (T_draft + T_verify(nodes + 1))
+
+T_verify(n) (one target forward over n slots) and T_draft come from calibration (`Costs`, measured once per
+machine and model); E(g) = 1 + hit * sum_i prod_{j<=i} alpha_j from the acceptance per draft position, learnt
+online and shrunk towards a prior (the calibration's, or for a drafter that runs no model a shadow run over the
+prompt); `hit` is how often the drafter drafted anything. Model-free point-mass drafters are shadowed every step
+(their proposal is compared with what was committed), so their estimates improve at no target cost; a model
+drafter that is not running is probed now and then while an optimistic estimate could still beat the current
+choice. A switch needs a margin (hysteresis), so noise does not flap the choice.
+
+Exactness: the choice is made between steps from what has already been committed, and each step is verified by
+`AutoRule` with the rule of the candidate that drafted it (plain decoding: nothing drafted, the chain rule), so
+every step is an exact step of some lossless method and randomness stays keyed by position. Switching never
+re-verifies committed tokens and never hands one candidate's draft to another's rule.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from specgen.samplers.types import DecodeContext, Draft, DraftTree, Verdict
+
+PLAIN = "ar"
+
+
+@dataclass
+class Costs:
+    """Calibrated step costs in seconds: one target forward by window size, and each candidate's drafting cost
+    as fixed + per_token * length (a tree: fixed only)."""
+
+    verify_s: dict[int, float]
+    draft_s: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def verify(self, n: int) -> float:
+        """T_verify(n), linear between measured sizes, extended by the last segment's slope."""
+        cache = self.__dict__.setdefault("_memo", {})
+        if n not in cache:
+            cache[n] = self._interpolate(n)
+        return cache[n]
+
+    def _interpolate(self, n: int) -> float:
+        points = sorted(self.verify_s.items())
+        if not points:
+            raise ValueError("no verification cost measured")
+        if len(points) == 1:
+            return points[0][1]
+        for (n0, t0), (n1, t1) in zip(points, points[1:]):
+            if n <= n1:
+                if n < n0:  # below the smallest measured size
+                    return t0
+                return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
+        (n0, t0), (n1, t1) = points[-2], points[-1]
+        return t1 + max(t1 - t0, 0.0) / (n1 - n0) * (n - n1)
+
+    def draft(self, name: str, length: int) -> float:
+        fixed, per_token = self.draft_s.get(name, (0.0, 0.0))
+        return fixed + per_token * length
+
+
+@dataclass
+class Candidate:
+    """One method `auto` may run: its drafter, the rule matching the drafter's law, the draft lengths it may take
+    (a tree: its fixed depth, with `nodes` drafted nodes), priors, and whether it can be shadowed (a model-free
+    drafter proposing point masses)."""
+
+    name: str
+    drafter: object
+    rule: object
+    lengths: tuple[int, ...]
+    nodes: int | None = None  # a tree's drafted nodes (the root excluded); None for a chain
+    prior_alpha: float = 0.5
+    prior_hit: float = 1.0
+    prior_tau: float | None = None  # tokens per step, for candidates judged by it (trees, stateful drafters)
+    shadow: bool = False
+    # a drafter whose proposals improve as it keeps running (a Jacobi window settles): judged by its tokens per
+    # step over the run, not by acceptance per position, which is low while the window is cold
+    stateful: bool = False
+
+    @property
+    def is_tree(self) -> bool:
+        return self.nodes is not None
+
+    @property
+    def by_tau(self) -> bool:
+        return self.nodes is not None or self.stateful
+
+
+@dataclass
+class _Estimate:
+    """What has been seen of one candidate: per draft depth tested / accepted, steps that drafted anything."""
+
+    tested_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+    steps: int = 0
+    hits: int = 0
+    committed: int = 0  # trees: tokens committed over `steps`
+
+    def record(self, drafted: int, accepted: int, rejected: bool) -> None:
+        self.steps += 1
+        self.hits += int(drafted > 0)
+        depth = accepted + int(rejected) if drafted > 0 else 0
+        while len(self.tested_at) < depth:
+            self.tested_at.append(0)
+            self.accepted_at.append(0)
+        for d in range(depth):
+            self.tested_at[d] += 1
+            self.accepted_at[d] += int(d < accepted)
+
+
+class AutoDrafter:
+    """Runs one candidate per step (or none: plain decoding) and re-decides after each verdict."""
+
+    PRIOR_WEIGHT = 4.0  # pseudo-observations behind each prior
+    PROBE_EVERY = 16  # steps between probes of a model drafter not running (doubles after each)
+
+    def __init__(self, candidates: list[Candidate], costs: Costs, *, margin: float = 0.05, prior_weight=None):
+        self.candidates = {c.name: c for c in candidates}
+        self.costs = costs
+        self.margin = margin
+        self.weight = self.PRIOR_WEIGHT if prior_weight is None else prior_weight
+        self.estimates = {c.name: _Estimate() for c in candidates}
+        self.step = 0
+        self.choice: tuple[str, int] = (PLAIN, 0)
+        self.step_rule = None  # the rule of the candidate that drafted this step (None: nothing drafted)
+        self._running: str = PLAIN  # who drafts this step
+        self._shadows: dict[str, Draft] = {}
+        self._probe_at = {c.name: self.PROBE_EVERY for c in candidates}
+        self._probe_gap = {c.name: self.PROBE_EVERY for c in candidates}
+        self.timeline: list[dict] = []
+        self.steps_by_method: dict[str, int] = {}
+
+    # ---- before the first step -------------------------------------------------------------------------------
+
+    def prime(self, prompts) -> None:
+        """Priors from the prompt for shadowed drafters (how often lookup would have predicted the prompt's own
+        tokens), then the first choice."""
+        prompt = [int(t) for t in torch.as_tensor(prompts[0]).flatten().tolist()]
+        for cand in self.candidates.values():
+            if cand.shadow and len(prompt) > 2:
+                self._shadow_prompt(cand, prompt)
+        self._decide(first=True)
+
+    def _shadow_prompt(self, cand: Candidate, prompt: list[int], last: int = 48) -> None:
+        estimate = self.estimates[cand.name]
+        budget = max(cand.lengths)
+        for end in range(max(2, len(prompt) - last), len(prompt)):
+            ctx = DecodeContext([torch.tensor(prompt[:end])], torch.zeros(1, dtype=torch.long),
+                                torch.zeros(1, dtype=torch.long), 0)
+            proposal = cand.drafter.propose(ctx, min(budget, len(prompt) - end))
+            drafted = int(proposal.drafted()[0])
+            truth = prompt[end:end + drafted]
+            accepted = _matched(proposal.tokens[0, :drafted].tolist(), truth)
+            estimate.record(drafted, accepted, accepted < drafted)
+        # the prompt is a weak witness: keep it at the prior's weight
+        scale = self.weight / max(estimate.steps, 1)
+        if scale < 1:
+            estimate.tested_at = [round(t * scale) for t in estimate.tested_at]
+            estimate.accepted_at = [round(a * scale) for a in estimate.accepted_at]
+            estimate.hits, estimate.steps = round(estimate.hits * scale), round(estimate.steps * scale)
+
+    # ---- the cost model ----------------------------------------------------------------------------------------
+
+    def alphas(self, name: str, depth: int) -> list[float]:
+        """Acceptance per draft position 1..depth, each shrunk towards the candidate's pooled estimate, which is
+        shrunk towards its prior."""
+        cand, est = self.candidates[name], self.estimates[name]
+        pooled = (sum(est.accepted_at) + self.weight * cand.prior_alpha) / (sum(est.tested_at) + self.weight)
+        out = []
+        for d in range(depth):
+            tested = est.tested_at[d] if d < len(est.tested_at) else 0
+            accepted = est.accepted_at[d] if d < len(est.accepted_at) else 0
+            out.append((accepted + self.weight * pooled) / (tested + self.weight))
+        return out
+
+    def hit_rate(self, name: str) -> float:
+        cand, est = self.candidates[name], self.estimates[name]
+        return (est.hits + self.weight * cand.prior_hit) / (est.steps + self.weight)
+
+    def expected_tokens(self, name: str, length: int, optimistic: bool = False) -> float:
+        return self._expected_by_length(name, length, optimistic)[length]
+
+    def _expected_by_length(self, name: str, depth: int, optimistic: bool = False) -> list[float]:
+        """E(g) for g = 0..depth (a tree: its tau at every index)."""
+        cand, est = self.candidates[name], self.estimates[name]
+        if cand.by_tau:
+            prior = cand.prior_tau if cand.prior_tau is not None else 1.0 + cand.prior_alpha
+            weight = self.weight * (4 if cand.stateful else 1)  # a cold window's first steps undersell it
+            tau = (est.committed + weight * prior) / (est.steps + weight)
+            return [tau + (1.0 / math.sqrt(est.steps + 1) if optimistic else 0.0)] * (depth + 1)
+        alphas = self.alphas(name, depth)
+        if optimistic:
+            bonus = 1.0 / math.sqrt(sum(est.tested_at) + 1)
+            alphas = [min(a + bonus, 0.999) for a in alphas]
+        hit = self.hit_rate(name)
+        out, total, run = [1.0], 0.0, 1.0
+        for a in alphas:
+            run *= a
+            total += run
+            out.append(1.0 + hit * total)
+        return out
+
+    def step_cost(self, name: str, length: int, hit: float | None = None) -> float:
+        if name == PLAIN:
+            return self.costs.verify(1)
+        cand = self.candidates[name]
+        if cand.is_tree:
+            return self.costs.draft(name, length) + self.costs.verify(cand.nodes + 1)
+        hit = self.hit_rate(name) if hit is None else hit
+        return (self.costs.draft(name, length) + hit * self.costs.verify(length + 1)
+                + (1.0 - hit) * self.costs.verify(1))
+
+    def speed(self, name: str, length: int, optimistic: bool = False) -> float:
+        """Predicted tokens per second."""
+        if name == PLAIN:
+            return 1.0 / self.costs.verify(1)
+        return self.expected_tokens(name, length, optimistic) / self.step_cost(name, length)
+
+    def best_length(self, name: str, optimistic: bool = False) -> tuple[int, float]:
+        """(length, predicted tokens per second) of the candidate's fastest length (the shortest on ties)."""
+        cand = self.candidates[name]
+        expected = self._expected_by_length(name, max(cand.lengths), optimistic)
+        hit = None if cand.by_tau else self.hit_rate(name)
+        best = None
+        for g in cand.lengths:
+            speed = expected[g] / self.step_cost(name, g, hit)
+            if best is None or speed > best[1]:
+                best = (g, speed)
+        return best
+
+    def predictions(self) -> dict[str, dict]:
+        """Each candidate's best length and predicted speedup over plain decoding."""
+        plain = self.speed(PLAIN, 0)
+        out = {PLAIN: {"length": 0, "predicted_speedup": 1.0}}
+        for name in self.candidates:
+            length, speed = self.best_length(name)
+            out[name] = {"length": length, "predicted_speedup": speed / plain}
+        return out
+
+    # ---- the decision --------------------------------------------------------------------------------------------
+
+    def _decide(self, first: bool = False) -> None:
+        predicted = self.predictions()
+        best = max(predicted, key=lambda n: (predicted[n]["predicted_speedup"], n == PLAIN))
+        current, length = self.choice
+        choice = self.choice
+        if first:
+            choice = (best, predicted[best]["length"])
+        else:
+            now = self.speed(current, length) / self.speed(PLAIN, 0)
+            if best != current and predicted[best]["predicted_speedup"] > now * (1.0 + self.margin):
+                choice = (best, predicted[best]["length"])
+            elif current != PLAIN and predicted[current]["length"] != length:
+                choice = (current, predicted[current]["length"])  # re-length within the candidate: no margin
+        if first or choice != self.choice:
+            self.timeline.append({"step": self.step, "method": choice[0], "length": choice[1],
+                                  "predicted": {n: round(p["predicted_speedup"], 3) for n, p in predicted.items()}})
+        self.choice = choice
+
+    def _probe(self) -> tuple[str, int] | None:
+        """A model drafter not running whose optimistic speed still beats the current choice, once its turn is due."""
+        current, length = self.choice
+        now = self.speed(current, length)
+        for name, cand in self.candidates.items():
+            # a stateful drafter's single step says little (its window starts cold): it is not probed
+            if cand.shadow or cand.stateful or name == current or self.step < self._probe_at[name]:
+                continue
+            best, speed = self.best_length(name, optimistic=True)
+            self._probe_gap[name] *= 2
+            self._probe_at[name] = self.step + self._probe_gap[name]
+            if speed > now * (1.0 + self.margin):
+                return name, best
+        return None
+
+    # ---- the Drafter protocol ----------------------------------------------------------------------------------
+
+    def next_length(self) -> int:
+        """What the loop may draft this step (>= 1 so `propose` runs and can shadow; plain returns nothing)."""
+        probe = self._probe()
+        self._running, length = probe if probe is not None else self.choice
+        self.step_rule = None
+        if self._running == PLAIN:
+            return 1
+        cand = self.candidates[self._running]
+        return max(cand.lengths) if cand.is_tree else length
+
+    def propose(self, ctx: DecodeContext, budget: int) -> Draft | DraftTree:
+        self._shadows = {}
+        for name, cand in self.candidates.items():
+            if cand.shadow and name != self._running:
+                self._shadows[name] = cand.drafter.propose(ctx, max(cand.lengths))
+        if self._running == PLAIN:
+            return Draft.empty(len(ctx.tokens))
+        cand = self.candidates[self._running]
+        self.step_rule = cand.rule
+        return cand.drafter.propose(ctx, budget)
+
+    def observe(self, verdict: Verdict) -> None:
+        running = self._running if self.step_rule is not None else PLAIN
+        self.steps_by_method[running] = self.steps_by_method.get(running, 0) + 1
+        committed = [[t for t, s in zip(toks, srcs) if s >= 0]
+                     for toks, srcs in zip(verdict.tokens.tolist(), verdict.source.tolist())]
+        if running != PLAIN:
+            cand, est = self.candidates[running], self.estimates[running]
+            cand.drafter.observe(verdict)
+            rejected = [any(s == 1 for s in srcs) for srcs in verdict.source.tolist()]  # TokenSource.RECOVERED
+            for i, (drafted, accepted) in enumerate(zip(verdict.num_drafted.tolist(), verdict.num_accepted.tolist())):
+                if cand.by_tau:
+                    est.steps += 1
+                    est.hits += 1
+                    est.committed += len(committed[i])
+                else:
+                    est.record(drafted, accepted, rejected[i])
+        for name, shadow in self._shadows.items():  # what a point-mass drafter would have had accepted
+            est = self.estimates[name]
+            for i, tokens in enumerate(committed):
+                drafted = int(shadow.drafted()[i]) if shadow.length else 0
+                guess = shadow.tokens[i, :drafted].tolist()
+                accepted = _matched(guess, tokens)
+                tested = min(drafted, len(tokens))
+                est.record(tested, accepted, accepted < tested)
+        self._shadows = {}
+        self.step += 1
+        self._decide()
+
+    def run_summary(self) -> dict:
+        """The choice, every switch with the predictions behind it, and the steps each method ran."""
+        return {"auto": {"chosen": self.timeline[0]["method"] if self.timeline else PLAIN,
+                         "switches": self.timeline[1:], "initial": self.timeline[0] if self.timeline else None,
+                         "steps_by_method": dict(self.steps_by_method)}}
+
+
+class AutoPolicy:
+    """The loop's length policy for `auto`: the drafter decides."""
+
+    def __init__(self, drafter: AutoDrafter):
+        self.drafter = drafter
+
+    def next_length(self) -> int:
+        return self.drafter.next_length()
+
+    def observe(self, verdict: Verdict) -> None:
+        pass  # the drafter learns from the same verdict
+
+
+class AutoRule:
+    """Verifies each step with the rule of the candidate that drafted it; a step with nothing drafted with the
+    plain chain rule (greedy matching or rejection sampling: both commit the target's own token)."""
+
+    lossless = True
+    name = "auto"
+
+    def __init__(self, drafter: AutoDrafter, plain_rule):
+        self.drafter, self.plain = drafter, plain_rule
+
+    def _rule(self, proposal=None):
+        if isinstance(proposal, Draft) and proposal.length == 0:
+            return self.plain
+        return self.drafter.step_rule or self.plain
+
+    @property
+    def uses_noise(self) -> bool:
+        return getattr(self._rule(), "uses_noise", True)
+
+    def __call__(self, proposal, target_probs, noise):
+        return self._rule(proposal)(proposal, target_probs, noise)
+
+    def decision_probs(self, proposal, target_probs):
+        return self._rule(proposal).decision_probs(proposal, target_probs)
+
+
+def _matched(guess: list[int], truth: list[int]) -> int:
+    n = 0
+    while n < len(guess) and n < len(truth) and guess[n] == truth[n]:
+        n += 1
+    return n
+
+
+def chain_lengths(default: int, maximum: int = 16) -> tuple[int, ...]:
+    """Draft lengths a chain candidate may take: 1..max(maximum, default)."""
+    return tuple(range(1, max(maximum, default) + 1))

@@ -1,0 +1,91 @@
+"""`auto` through each generator on tiny random models: greedy output equals plain decoding's, the calibration is
+measured once and reused from the user cache, and auto is every modality's default."""
+
+import json
+
+import pytest
+import torch
+from tiny_models import save_tiny_image_model, save_tiny_pair, save_tiny_speech_models
+
+from specgen.errors import InvalidRequest
+from specgen.modalities import calibration
+from specgen.modalities.text.generator import TextGenerator
+from specgen.samplers import registry
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return save_tiny_pair(tmp_path_factory.mktemp("auto-models"), wide=True)
+
+
+def test_auto_is_the_default_everywhere():
+    for modality in registry.MODALITIES:
+        assert registry.default_method(modality) == "auto"
+        assert registry.get_method(modality, "auto").lossless
+
+
+def test_text_auto_equals_plain_greedy_and_reports_its_choices(pair):
+    generator = TextGenerator(*pair)
+    assert generator.default_method == "auto"
+    prompt = "def f(a):\n  return a\ndef f(a):\n"
+    plain = generator.generate(prompt, method="ar", max_new_tokens=40)
+    auto = generator.generate(prompt, max_new_tokens=40)
+    assert auto.tokens == plain.tokens
+    report = auto.stats["auto"]
+    assert report["initial"]["method"] in {"ar", "draft", "ngram", "draft-lookup", "sequoia", "dyspec", "eagle2"}
+    assert sum(report["steps_by_method"].values()) == auto.stats["steps"]
+    assert {"ar", "draft", "ngram"} <= set(report["initial"]["predicted"])
+
+
+def test_text_auto_sampled_runs_and_num_samples(pair):
+    generator = TextGenerator(*pair)
+    result = generator.generate("def f(a):\n", max_new_tokens=20, temperature=1.0, seed=3, num_samples=3)
+    assert len(result.samples) == 3 and all(1 <= len(s["tokens"]) <= 20 for s in result.samples)
+    assert result.stats["lossless"] is True
+
+
+def test_calibration_is_cached_per_machine_and_model(pair, monkeypatch):
+    generator = TextGenerator(*pair)
+    generator.generate("abc", max_new_tokens=4)  # measures on first use (or reuses an earlier test's record)
+    key = calibration.machine_key("text", [generator.model_path, generator.draft_path, None])
+    path = calibration.cache_path(key)
+    record = json.loads(path.read_text())
+    assert record["key"]["threads"] == torch.get_num_threads() and record["key"]["torch"] == torch.__version__
+    assert {"1", "2", "17"} <= set(record["verify_s"]) and {"draft", "ngram"} <= set(record["draft_s"])
+    assert {"cpu", "model_hash"} <= set(record["key"])
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(calibration, "calibrate", refuse)
+    generator.generate("abc", max_new_tokens=4)  # reused
+    assert any(r["file"] == str(path) for r in calibration.cached_records())
+
+
+def test_auto_candidates_knob(pair):
+    generator = TextGenerator(*pair)
+    result = generator.generate("def f(a):\n", max_new_tokens=12, candidates="ngram")
+    assert set(result.stats["auto"]["initial"]["predicted"]) == {"ar", "ngram"}
+    with pytest.raises(InvalidRequest, match="unknown text method"):
+        generator.generate("def f(a):\n", max_new_tokens=12, candidates="nope")
+
+
+def test_image_auto_equals_plain_greedy(tmp_path):
+    from specgen.modalities.image.generator import ImageGenerator
+
+    model, vq = save_tiny_image_model(tmp_path, num_codes=16, grid=4)
+    generator = ImageGenerator(model, vq)
+    plain = generator.generate("red K on blue", method="ar", temperature=0, num_samples=2)
+    auto = generator.generate("red K on blue", temperature=0, num_samples=2)
+    assert auto.tokens == plain.tokens and auto.stats["method"] == "auto"
+    assert {"sjd", "mc-sjd"} <= set(auto.stats["auto"]["initial"]["predicted"])
+
+
+def test_speech_auto_equals_plain_greedy(tmp_path):
+    from specgen.modalities.speech.generator import SpeechGenerator
+
+    target, draft, codec = save_tiny_speech_models(tmp_path, num_tokens=64)
+    generator = SpeechGenerator(target, draft, codec)
+    plain = generator.generate("hello there", method="ar", temperature=0, max_new_tokens=30)
+    auto = generator.generate("hello there", temperature=0, max_new_tokens=30)
+    assert auto.tokens == plain.tokens and "sd" in auto.stats["auto"]["initial"]["predicted"]

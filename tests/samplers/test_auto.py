@@ -1,0 +1,268 @@
+"""`auto`: the cost model's choices, and exactness through switches in all three layers (the exact oracle with
+switches at fixed steps, chi-square through the loop with adaptive switches, greedy equality) plus a negative
+control (a switch whose first proposal keeps the previous drafter's tokens under the new drafter's law)."""
+
+from collections import defaultdict
+
+import pytest
+import torch
+
+from specgen.samplers.acceptance import ChainRejection, GreedyMatch, TreeRejection
+from specgen.samplers.auto import PLAIN, AutoDrafter, AutoPolicy, AutoRule, Candidate, Costs
+from specgen.samplers.chisquare import goodness_of_fit
+from specgen.samplers.loop import generate
+from specgen.samplers.oracle import (chain_proposals, max_abs_diff, outcomes, target_joint, target_probs_for,
+                                     tree_proposals)
+from specgen.samplers.processing import Processing
+from specgen.samplers.trees import GreedyTreeMatch
+from specgen.samplers.toy import TableDrafter, TableLM, TableTarget, TableTreeDrafter
+from specgen.samplers.types import Draft
+
+VOCAB, HORIZON = 4, 3
+TARGET = TableLM(VOCAB, order=1, seed=31)
+DRAFT = TARGET.mixed_with(TableLM(VOCAB, order=1, seed=32, scale=3.0), 0.7)
+PLAIN_PROCESSING = Processing()
+HOT = Processing(temperature=1.6)
+PROMPT = [1, 2]
+COSTS = Costs({1: 1.0, 2: 1.15, 3: 1.3, 4: 1.45, 5: 1.6}, {"cold": (0.02, 0.05), "hot": (0.02, 0.05)})
+
+
+def candidates(processing=PLAIN_PROCESSING):
+    chain_rule = GreedyMatch() if processing.greedy else ChainRejection()
+    return [Candidate("cold", TableDrafter(DRAFT, processing), chain_rule, (1, 2, 3), prior_alpha=0.7),
+            Candidate("hot", TableDrafter(DRAFT, HOT), chain_rule, (1, 2, 3), prior_alpha=0.5),
+            Candidate("lookup", TableDrafter(DRAFT, processing, point_mass=True), chain_rule, (1, 2, 3),
+                      prior_alpha=0.6, shadow=True),
+            Candidate("tree", TableTreeDrafter(DRAFT, processing, (2, 1)), TreeRejection("without_replacement"),
+                      (2,), nodes=4, prior_tau=2.0)]
+
+
+class Scripted(AutoDrafter):
+    """Follows a fixed schedule of (method, length) by step instead of the cost model."""
+
+    def __init__(self, schedule, cands):
+        super().__init__(cands, COSTS)
+        self.schedule = schedule
+        self._decide()
+
+    def _probe(self):
+        return None
+
+    def _decide(self, first=False):
+        self.choice = self.schedule[self.step % len(self.schedule)]
+
+
+# ---- the cost model ------------------------------------------------------------------------------------
+
+def test_costs_interpolate_and_extend():
+    costs = Costs({1: 1.0, 3: 2.0, 5: 2.5})
+    assert costs.verify(1) == 1.0 and costs.verify(2) == 1.5 and costs.verify(4) == 2.25
+    assert costs.verify(7) == pytest.approx(3.0)  # the last segment's slope
+    assert costs.verify(0) == 1.0
+
+
+def test_expensive_verification_falls_back_to_plain_decoding():
+    """Verifying a window costs so much that no acceptance pays for it: plain decoding, predicted 1.0."""
+    costs = Costs({1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0, 7: 7.0}, {"cold": (0.0, 0.3)})
+    auto = AutoDrafter(candidates()[:1], costs)
+    auto.prime([torch.tensor(PROMPT)])
+    assert auto.choice == (PLAIN, 0)
+    assert auto.predictions()["cold"]["predicted_speedup"] < 1.0
+
+
+def test_cheap_verification_picks_the_length_of_the_formula():
+    costs = Costs({n: 1.0 + 0.01 * n for n in range(1, 18)}, {"cold": (0.0, 0.01)})
+    cand = candidates()[0]
+    cand.lengths = tuple(range(1, 17))
+    auto = AutoDrafter([cand], costs, prior_weight=1e9)  # the prior only: alpha 0.7 everywhere
+    auto.prime([torch.tensor(PROMPT)])
+    speed = lambda g: (1 - 0.7 ** (g + 1)) / 0.3 / (0.01 * g + costs.verify(g + 1))
+    assert auto.choice == ("cold", max(range(1, 17), key=speed))
+
+
+def test_auto_switches_away_from_a_drafter_that_is_rejected():
+    costs = Costs({1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6}, {"a": (0.0, 0.05), "b": (0.0, 0.05)})
+    a = Candidate("a", None, None, (1, 2, 3), prior_alpha=0.9)
+    b = Candidate("b", None, None, (1, 2, 3), prior_alpha=0.6)
+    auto = AutoDrafter([a, b], costs)
+    auto._decide(first=True)
+    assert auto.choice[0] == "a"
+    for _ in range(30):  # a is rejected at its first token every time
+        auto.estimates["a"].record(3, 0, True)
+    auto._decide()
+    assert auto.choice[0] == "b" and auto.timeline[-1]["method"] == "b"
+    assert set(auto.timeline[-1]["predicted"]) == {PLAIN, "a", "b"}
+
+
+def test_hysteresis_keeps_the_choice_within_the_margin():
+    costs = Costs({1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6}, {"a": (0.0, 0.05), "b": (0.0, 0.05)})
+    a = Candidate("a", None, None, (2,), prior_alpha=0.6)
+    b = Candidate("b", None, None, (2,), prior_alpha=0.61)
+    auto = AutoDrafter([a, b], costs, margin=0.2)
+    auto.choice = ("a", 2)
+    auto._decide()
+    assert auto.choice == ("a", 2)
+
+
+def test_shadowing_learns_a_lookup_drafters_acceptance_during_plain_steps():
+    """In plain decoding the point-mass candidate is proposed but not verified; what was committed tells its
+    acceptance, so auto switches to it once it has been right often enough."""
+    cands = candidates(Processing(temperature=0))
+    costs = Costs({1: 1.0, 2: 1.5, 3: 2.0, 4: 2.5, 7: 4.0},
+                  {"cold": (5.0, 5.0), "hot": (5.0, 5.0), "lookup": (0.0, 0.0), "tree": (5.0, 0.0)})
+    cands[2].prior_alpha = 0.0
+    auto = AutoDrafter(cands, costs)
+    auto.prime([torch.tensor([0])])
+    assert auto.choice == (PLAIN, 0)
+    # the draft's argmax chain agrees with the target's argmax on this table often: greedy decoding learns it
+    result = generate(TableTarget(TARGET), auto, AutoRule(auto, GreedyMatch()), [torch.tensor(PROMPT)],
+                      processing=Processing(temperature=0), max_new_tokens=40, policy=AutoPolicy(auto))
+    assert sum(auto.estimates["lookup"].tested_at) > 0
+    assert auto.steps_by_method.get("lookup", 0) > 0, auto.timeline
+    plain = generate(TableTarget(TARGET), None, GreedyMatch(), [torch.tensor(PROMPT)],
+                     processing=Processing(temperature=0), max_new_tokens=40)
+    assert result.tokens == plain.tokens
+
+
+# ---- layer 1: the exact oracle with switches at fixed steps ----------------------------------------------
+
+SCHEDULE = [("cold", 2), (PLAIN, 0), ("tree", 2), ("lookup", 2), ("hot", 1), ("cold", 3)]
+
+
+def proposals_for(name, length, prefix, mislabel_from=None):
+    """Every proposal candidate `name` makes at `prefix` with its probability. mislabel_from: the control's bug,
+    the tokens drawn by that earlier candidate's law but labelled with this one's."""
+    laws = {"cold": lambda c: PLAIN_PROCESSING(DRAFT.logits(c)), "hot": lambda c: HOT(DRAFT.logits(c))}
+    if name == PLAIN:
+        return [(1.0, Draft.empty(1))]
+    if name == "tree":
+        return list(tree_proposals(laws["cold"], prefix, (2, 1), "without_replacement"))
+    if name == "lookup":
+        return list(chain_proposals(laws["cold"], prefix, length, point_mass=True))
+    if mislabel_from is not None:
+        return list(chain_proposals(laws[mislabel_from], prefix, length, reported_law=laws[name]))
+    return list(chain_proposals(laws[name], prefix, length))
+
+
+def switched_output(schedule, mislabel=False):
+    """The exact law of the first HORIZON tokens when step s runs schedule[s] (AutoRule picks each step's rule)."""
+    cands = {c.name: c for c in candidates()}
+    auto = Scripted(schedule, list(cands.values()))
+    rule = AutoRule(auto, ChainRejection())
+    memo = {}
+
+    def dist(prefix, need, step):
+        if need <= 0:
+            return {(): 1.0}
+        if (prefix, need, step) in memo:
+            return memo[(prefix, need, step)]
+        name, length = schedule[step % len(schedule)]
+        previous = schedule[(step - 1) % len(schedule)][0] if step else None
+        buggy = mislabel and previous in ("cold", "hot") and name in ("cold", "hot") and previous != name
+        out = defaultdict(float)
+        for proposal_prob, proposal in proposals_for(name, length, list(prefix), previous if buggy else None):
+            auto.step_rule = None if name == PLAIN else cands[name].rule  # what propose sets for this step
+            decisions = rule.decision_probs(proposal, target_probs_for(proposal, TARGET, PLAIN_PROCESSING, prefix))
+            for stop_prob, law, accepted in outcomes(proposal, decisions):
+                for token in (law > 0).nonzero().flatten().tolist():
+                    committed = tuple(accepted + [token])[:need]
+                    weight = proposal_prob * stop_prob * float(law[token])
+                    if weight == 0:
+                        continue
+                    for tail, p in dist(prefix + committed, need - len(committed), step + 1).items():
+                        out[committed + tail] += weight * p
+        memo[(prefix, need, step)] = dict(out)
+        return memo[(prefix, need, step)]
+
+    return dist(tuple(PROMPT), HORIZON, 0)
+
+
+def test_oracle_switching_between_steps_is_exact():
+    exact = target_joint(TARGET, PLAIN_PROCESSING, PROMPT, HORIZON)
+    for rotation in (0, 2, 3):
+        schedule = SCHEDULE[rotation:] + SCHEDULE[:rotation]
+        assert max_abs_diff(switched_output(schedule), exact) < 1e-12, schedule
+
+
+def test_oracle_negative_control_mislabelled_switch_is_caught():
+    exact = target_joint(TARGET, PLAIN_PROCESSING, PROMPT, HORIZON)
+    schedule = [("cold", 3), ("hot", 3)]
+    assert max_abs_diff(switched_output(schedule), exact) < 1e-12
+    assert max_abs_diff(switched_output(schedule, mislabel=True), exact) > 1e-3
+
+
+# ---- layer 2: chi-square through the loop, with the cost model switching as it learns -----------------------
+
+CHI_HORIZON, ROWS, BATCHES = 3, 250, 40
+P_PASS, P_FAIL = 1e-4, 1e-6
+
+
+class MislabelledSwitch(Scripted):
+    """Bug: at a switch between the two chain drafters the first proposal keeps the tokens the previous drafter
+    drew (by its law) but reports the new drafter's law."""
+
+    def propose(self, ctx, budget):
+        proposal = super().propose(ctx, budget)
+        previous = self.schedule[(self.step - 1) % len(self.schedule)][0] if self.step else None
+        if previous in ("cold", "hot") and self._running in ("cold", "hot") and previous != self._running:
+            old = self.candidates[previous].drafter.propose(ctx, budget)
+            law = self.candidates[self._running].drafter.law
+            reported = torch.stack([torch.stack([law(row.tolist() + old.tokens[i, :d].tolist()) for d in range(budget)])
+                                    for i, row in enumerate(ctx.tokens)])
+            return Draft(old.tokens, reported)
+        return proposal
+
+
+def sampled(make_auto, prompt, seed=3, rows=ROWS):
+    samples = []
+    for batch in range(BATCHES):
+        auto = make_auto(batch)
+        result = generate(TableTarget(TARGET), auto, AutoRule(auto, ChainRejection()),
+                          [torch.tensor(prompt)] * rows, processing=PLAIN_PROCESSING, max_new_tokens=CHI_HORIZON,
+                          policy=AutoPolicy(auto), seed=seed * 1000 + batch)
+        samples += [tuple(t) for t in result.tokens]
+    return samples
+
+
+def adaptive(batch):
+    """The real decision rule with margin 0, on costs where every candidate is close: it switches as it learns."""
+    auto = AutoDrafter(candidates(), COSTS, margin=0.0, prior_weight=1.0)
+    auto.PROBE_EVERY = 1
+    auto.prime([torch.tensor(PROMPT)])
+    return auto
+
+
+@pytest.mark.parametrize("prompt", [PROMPT, [3, 0, 1]])
+def test_adaptive_auto_samples_the_target(prompt):
+    seen = set()
+
+    def make(batch):
+        auto = adaptive(batch)
+        seen.add(auto.choice[0])
+        return auto
+
+    fit = goodness_of_fit(sampled(make, prompt), target_joint(TARGET, PLAIN_PROCESSING, prompt, CHI_HORIZON))
+    assert fit.p_value > P_PASS, fit
+
+
+def test_scripted_switches_sample_the_target_and_the_mislabelled_switch_fails():
+    exact = target_joint(TARGET, PLAIN_PROCESSING, PROMPT, CHI_HORIZON)
+    schedule = [("hot", 2), ("cold", 2)]  # the control moves the law by TV 0.043 (the oracle's number)
+    good = goodness_of_fit(sampled(lambda b: Scripted(schedule, candidates()), PROMPT, rows=1000), exact)
+    assert good.p_value > P_PASS, good
+    bad = goodness_of_fit(sampled(lambda b: MislabelledSwitch(schedule, candidates()), PROMPT, rows=1000), exact)
+    assert bad.p_value < P_FAIL, bad
+
+
+# ---- layer 2b: greedy equality through the loop ----------------------------------------------------------
+
+def test_auto_greedy_equals_plain_greedy_through_switches():
+    greedy = Processing(temperature=0)
+    for schedule in (SCHEDULE, [("tree", 2), ("lookup", 3)], [(PLAIN, 0)]):
+        auto = Scripted(schedule, candidates(greedy))
+        auto.candidates["tree"].rule = GreedyTreeMatch()
+        result = generate(TableTarget(TARGET), auto, AutoRule(auto, GreedyMatch()), [torch.tensor(PROMPT)] * 3,
+                          processing=greedy, max_new_tokens=30, policy=AutoPolicy(auto))
+        plain = generate(TableTarget(TARGET), None, GreedyMatch(), [torch.tensor(PROMPT)] * 3,
+                         processing=greedy, max_new_tokens=30)
+        assert result.tokens == plain.tokens, schedule
