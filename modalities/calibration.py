@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -32,16 +31,6 @@ PRIOR_TOKENS = 48  # tokens of the short run that measures each candidate's acce
 WINDOWS = (1, 2, 3, 4, 5, 6, 8, 10, 13, 17)
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def files_hash(paths: Sequence[str | Path | None]) -> str:
     """A hash of every file under `paths` by name, size and modification time (cheap for large weights)."""
     digest = hashlib.sha256()
@@ -58,8 +47,9 @@ def files_hash(paths: Sequence[str | Path | None]) -> str:
 
 
 def machine_key(modality: str, paths: Sequence) -> dict:
-    return {"cpu": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__, "modality": modality,
-            "models": [str(p) for p in paths if p is not None], "model_hash": files_hash(paths), "version": VERSION}
+    return {"cpu": settings.cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "modality": modality, "models": [str(p) for p in paths if p is not None], "model_hash": files_hash(paths),
+            "version": VERSION}
 
 
 def cache_path(key: dict) -> Path:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specgen.samplers.stats import tally_positions
 from specgen.samplers.types import DecodeContext, Draft, DraftTree, Verdict
 
 PLAIN = "ar"
@@ -108,13 +109,8 @@ class _Estimate:
     def record(self, drafted: int, accepted: int, rejected: bool) -> None:
         self.steps += 1
         self.hits += int(drafted > 0)
-        depth = accepted + int(rejected) if drafted > 0 else 0
-        while len(self.tested_at) < depth:
-            self.tested_at.append(0)
-            self.accepted_at.append(0)
-        for d in range(depth):
-            self.tested_at[d] += 1
-            self.accepted_at[d] += int(d < accepted)
+        if drafted > 0:
+            tally_positions(self.tested_at, self.accepted_at, accepted, rejected)
 
 
 class AutoDrafter:

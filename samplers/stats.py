@@ -22,6 +22,18 @@ def ideal_speedup(alpha: float, gamma: float, cost_ratio: float) -> float:
     return expected_tokens_per_step(alpha, gamma) / (gamma * cost_ratio + 1.0)
 
 
+def tally_positions(tested_at: list[int], accepted_at: list[int], accepted: int, rejected: bool) -> None:
+    """Per draft position, in place: positions 1..accepted were tested and accepted, and the next one tested when
+    it was rejected; drafts after a rejection were never tested, so they count nowhere."""
+    depth = accepted + int(rejected)
+    while len(tested_at) < depth:
+        tested_at.append(0)
+        accepted_at.append(0)
+    for d in range(depth):
+        tested_at[d] += 1
+        accepted_at[d] += int(d < accepted)
+
+
 @dataclass
 class SpecStats:
     """Accumulates over the steps of one run; `summary()` gives the `stats` dict of the CLI/API/bench."""
@@ -78,13 +90,7 @@ class SpecStats:
         self.draft_lengths[drafted] += 1
         self.accepted += accepted
         self.rejections += int(rejected)
-        depth = accepted + int(rejected)
-        while len(self.tested_at) < depth:
-            self.tested_at.append(0)
-            self.accepted_at.append(0)
-        for d in range(depth):
-            self.tested_at[d] += 1
-            self.accepted_at[d] += int(d < accepted)
+        tally_positions(self.tested_at, self.accepted_at, accepted, rejected)
 
     def record_tree(self, tree: DraftTree, accepted_path: torch.Tensor) -> None:
         """One step's trees: their shapes by sibling-rank paths, and which rank was accepted below each accepted

@@ -1,4 +1,5 @@
-"""Every `SPECGEN_*` environment setting, read here and nowhere else, and the process's torch thread count.
+"""Every `SPECGEN_*` environment setting, read here and nowhere else, the process's torch thread count, and the
+CPU model (what a record or a calibration of step costs is keyed by).
 
 A setting is read when it is used (not at import), so a test or a long-lived process that changes the environment
 is heard. `snapshot()` is what bench records store and `specgen info` shows. Nothing heavy is imported.
@@ -7,6 +8,7 @@ is heard. `snapshot()` is what bench records store and `specgen info` shows. Not
 from __future__ import annotations
 
 import os
+import platform
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,3 +67,14 @@ def use_threads(threads: int) -> None:
 
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

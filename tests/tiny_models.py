@@ -210,3 +210,14 @@ class GuidedTransformers:
         generated = list(context)[len(self.prompt):]
         cond, uncond = self.forward(list(context)), self.forward(self.uncond + generated)
         return uncond + self.scale * (cond - uncond)
+
+
+class HFTable:
+    """A transformers model as `lm.logits(context)`, for the exact joint of an enumeration test."""
+
+    def __init__(self, model):
+        self.model = model
+
+    @torch.no_grad()
+    def logits(self, context):
+        return self.model(input_ids=torch.tensor([list(context)])).logits[0, -1].double()

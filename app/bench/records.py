@@ -60,16 +60,6 @@ def timestamp() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def load_average() -> list[float] | None:
     """The 1, 5 and 15-minute load averages (None where the system has none): timings taken under load are
     contended, and the record says so."""
@@ -125,7 +115,8 @@ def run_env(start: RunStart, **fields) -> dict:
     bench's command, say)."""
     import torch
 
-    return {"timestamp_utc": start.timestamp, **start.source, "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
+    return {"timestamp_utc": start.timestamp, **start.source, "cpu_model": settings.cpu_model(),
+            "cpu_count": os.cpu_count(),
             "threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
             "settings": settings.snapshot(), "load_before": start.load_before, "load_after": load_average(),
             "wall_s": time.perf_counter() - start.clock, "calibrations": _calibrations(), **fields}
@@ -145,4 +136,4 @@ def script_record(script: str, args) -> dict:
 
     command = f"python benchmarks/{script} " + " ".join(
         f"--{name.replace('_', '-')} {value}" for name, value in vars(args).items() if name != "out")
-    return {"command": command, "cpu": cpu_model(), "threads": args.threads, "torch": torch.__version__}
+    return {"command": command, "cpu": settings.cpu_model(), "threads": args.threads, "torch": torch.__version__}

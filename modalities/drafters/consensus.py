@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from specgen.errors import InvalidRequest
-from specgen.modalities.drafters.retrieval import candidates_as_tree, trie_tree
+from specgen.modalities.drafters.retrieval import trie_proposal
 from specgen.samplers.types import DecodeContext, Draft, DraftTree, Verdict
 
 
@@ -69,15 +69,16 @@ class ConsensusDrafter:
         for tokens, sample in zip(ctx.tokens, ctx.sample_ids.tolist()):
             self.paths[sample] = tokens.numpy()
         depth = min(self.max_depth, max(1, budget))
-        rows, roots = [], []
-        for tokens, sample in zip(ctx.tokens, ctx.sample_ids.tolist()):
+
+        def found_for(context, sample):
             found = self.continuations(sample, depth)
             self.supported += bool(found)
-            rows.append(trie_tree(found, self.tree_budget, depth, self.min_share))
-            roots.append(int(tokens[-1]))
-        self.steps += len(rows)
+            return found
+
+        proposal = trie_proposal(ctx, found_for, self.tree_budget, depth, self.min_share)
+        self.steps += len(ctx.tokens)
         self.draft_s += time.perf_counter() - started
-        return candidates_as_tree(roots, rows)
+        return proposal
 
     def observe(self, verdict: Verdict) -> None:
         pass

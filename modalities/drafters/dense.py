@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from specgen.errors import InvalidRequest, MissingExtra
-from specgen.modalities.drafters.retrieval import candidates_as_tree, context_continuations, trie_tree
+from specgen.modalities.drafters.retrieval import context_continuations, trie_proposal
 from specgen.samplers.types import DecodeContext, Draft, DraftTree, Verdict
 
 PCA_DIM = 64
@@ -213,14 +213,9 @@ class DenseDrafter:
 
     def propose(self, ctx: DecodeContext, budget: int) -> DraftTree | Draft:
         depth = min(self.max_depth, max(1, budget))
-        rows, roots = [], []
-        for tokens, sample in zip(ctx.tokens, ctx.sample_ids.tolist()):
-            context = tokens.tolist()
-            rows.append(trie_tree(self.continuations(sample, context, depth), self.tree_budget, depth,
-                                  self.min_share))
-            roots.append(context[-1])
-        self.steps += len(rows)
-        return candidates_as_tree(roots, rows)
+        self.steps += len(ctx.tokens)
+        return trie_proposal(ctx, lambda context, sample: self.continuations(sample, context, depth),
+                             self.tree_budget, depth, self.min_share)
 
     def observe(self, verdict: Verdict) -> None:
         pass

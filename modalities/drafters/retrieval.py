@@ -19,9 +19,9 @@ from collections import defaultdict
 from typing import Sequence
 
 import numpy as np
-import torch
 
 from specgen.errors import InvalidRequest
+from specgen.modalities.drafters.tree import pad_trees
 from specgen.samplers.types import DecodeContext, Draft, DraftTree, Verdict
 
 
@@ -52,23 +52,23 @@ def trie_tree(continuations: Sequence[tuple[Sequence[int], float]], budget: int,
 
 
 def candidates_as_tree(roots: Sequence[int], rows: Sequence[tuple[list[int], list[int]]]) -> DraftTree | Draft:
-    """Deterministic candidate trees of several rows (from `trie_tree`) as one DraftTree, smaller ones padded with
-    repeats of the root's first child (tried last, after it was rejected: probability 0, never accepted), or an
-    empty chain when no row has a candidate."""
+    """Deterministic candidate trees of several rows (from `trie_tree`) under their roots as one DraftTree
+    (`pad_trees`), or an empty chain when no row has a candidate."""
     if all(not tokens for tokens, _ in rows):
         return Draft.empty(len(rows))
-    size = 1 + max(len(tokens) for tokens, _ in rows)
-    out_tokens = torch.zeros(len(rows), size, dtype=torch.long)
-    out_parents = torch.zeros(len(rows), size, dtype=torch.long)
-    for j, (root, (tokens, parents)) in enumerate(zip(roots, rows)):
-        row_tokens = [root] + list(tokens)
-        row_parents = [-1] + [p + 1 for p in parents]
-        filler = row_tokens[1] if len(row_tokens) > 1 else root
-        row_tokens += [filler] * (size - len(row_tokens))
-        row_parents += [0] * (size - len(row_parents))
-        out_tokens[j] = torch.tensor(row_tokens)
-        out_parents[j] = torch.tensor(row_parents)
-    return DraftTree(out_tokens, out_parents)
+    return pad_trees([[root, *tokens] for root, (tokens, _) in zip(roots, rows)],
+                     [[-1] + [p + 1 for p in parents] for _, parents in rows])
+
+
+def trie_proposal(ctx: DecodeContext, found_for, budget: int, depth: int, min_share: float) -> DraftTree | Draft:
+    """Each row's retrieved continuations (`found_for(context, sample id)`, weighted) merged into a trie under its
+    last token: the proposal of every retrieval drafter."""
+    rows, roots = [], []
+    for tokens, sample in zip(ctx.tokens, ctx.sample_ids.tolist()):
+        context = tokens.tolist()
+        rows.append(trie_tree(found_for(context, sample), budget, depth, min_share))
+        roots.append(context[-1])
+    return candidates_as_tree(roots, rows)
 
 
 def context_continuations(context: np.ndarray, max_match: int, min_match: int, length: int,
@@ -116,13 +116,9 @@ class RestDrafter:
 
     def propose(self, ctx: DecodeContext, budget: int) -> DraftTree | Draft:
         depth = min(self.max_depth, max(1, budget))
-        rows, roots = [], []
-        for tokens in ctx.tokens:
-            context = tokens.tolist()
-            rows.append(trie_tree(self.continuations(context, depth), self.tree_budget, depth, self.min_share))
-            roots.append(context[-1])
-        self.steps += len(rows)
-        return candidates_as_tree(roots, rows)
+        self.steps += len(ctx.tokens)
+        return trie_proposal(ctx, lambda context, sample: self.continuations(context, depth), self.tree_budget,
+                             depth, self.min_share)
 
     def observe(self, verdict: Verdict) -> None:
         pass

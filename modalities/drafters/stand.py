@@ -28,6 +28,7 @@ from typing import Sequence
 import torch
 
 from specgen.errors import InvalidRequest
+from specgen.modalities.drafters.tree import tree_from_builders
 from specgen.samplers import trees
 from specgen.samplers.noise import Purpose, counter_exponential
 from specgen.samplers.processing import Processing
@@ -53,6 +54,10 @@ class SparseLaw:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def write_into(self, row: torch.Tensor) -> None:
+        """This law as a dense [vocab] row (what a DraftTree stores per node)."""
+        row[self.tokens] = self.probs.to(row.dtype)
 
     def dense(self, vocab: int | None = None) -> torch.Tensor:
         out = torch.zeros(vocab or self.shape[0], dtype=torch.float64)
@@ -150,33 +155,6 @@ def sparse_order(builder: trees.TreeBuilder, node: int, law, width: int, *, seed
     return law.tokens[trees.gumbel_order(law.probs, exponential, width)]
 
 
-def builders_as_tree(builders: list[trees.TreeBuilder], vocab: int, with_laws: bool) -> DraftTree | None:
-    """The rows' trees as one DraftTree (smaller ones padded with a repeat of the root's first child, tried last:
-    once that child is rejected it has probability 0 on both sides, so the repeat is never accepted), or None when
-    no row drafted anything."""
-    if all(len(b.tokens) == 1 for b in builders):
-        return None
-    size = max(len(b.tokens) for b in builders)
-    tokens = torch.zeros(len(builders), size, dtype=torch.long)
-    parents = torch.zeros(len(builders), size, dtype=torch.long)
-    probs = torch.zeros(len(builders), size, vocab) if with_laws else None
-    for j, b in enumerate(builders):
-        row_tokens, row_parents = list(b.tokens), list(b.parents)
-        filler = row_tokens[1] if len(row_tokens) > 1 else row_tokens[0]
-        while len(row_tokens) < size:
-            row_tokens.append(filler)
-            row_parents.append(0)
-        tokens[j] = torch.tensor(row_tokens)
-        parents[j] = torch.tensor(row_parents)
-        if probs is not None:
-            for node, law in enumerate(b.laws):
-                if isinstance(law, SparseLaw) and len(law):
-                    probs[j, node, law.tokens] = law.probs.float()
-                elif isinstance(law, torch.Tensor):
-                    probs[j, node] = law
-    return DraftTree(tokens, parents, probs)
-
-
 class StandDrafter:
     """`stand`. vocab: the target's vocabulary size; processing: the request's (greedy: deterministic children)."""
 
@@ -234,7 +212,8 @@ class StandDrafter:
 
             trees.run_builders([builder], laws_for)
             builders.append(builder)
-        tree = builders_as_tree(builders, self.vocab, self.sampled)
+        drafted = any(len(b.tokens) > 1 for b in builders)
+        tree = tree_from_builders(builders, self.vocab, self.sampled) if drafted else None
         proposal = tree if tree is not None else Draft.empty(len(ctx.tokens))
         self._last = (ctx, proposal)
         self.steps += len(builders)

@@ -144,27 +144,34 @@ class TreeDrafter(ModelDrafter):
 
 
 def tree_from_builders(builders: list[trees.TreeBuilder], vocab: int, with_laws: bool) -> DraftTree:
-    """The rows' built trees as one DraftTree, smaller trees padded to the largest; `with_laws` stores each
-    node's law (for children drawn without replacement)."""
-    size = max(len(b.tokens) for b in builders)
-    tokens = torch.zeros(len(builders), size, dtype=torch.long)
-    parents = torch.zeros(len(builders), size, dtype=torch.long)
-    probs = torch.zeros(len(builders), size, vocab) if with_laws else None
-    for j, b in enumerate(builders):
-        row_tokens, row_parents = list(b.tokens), list(b.parents)
+    """The rows' built trees as one DraftTree (`pad_trees`); `with_laws` stores each node's law (for children
+    drawn without replacement)."""
+    return pad_trees([b.tokens for b in builders], [b.parents for b in builders],
+                     [b.laws for b in builders] if with_laws else None, vocab)
+
+
+def pad_trees(tokens: Sequence[Sequence[int]], parents: Sequence[Sequence[int]],
+              laws: Sequence[Sequence] | None = None, vocab: int | None = None) -> DraftTree:
+    """Several rows' trees (node 0 the root, parent -1) as one DraftTree, smaller trees padded to the largest.
+    `laws`: each node's draft law, None (not drafted from a law), a dense [vocab] tensor, or a sparse law that
+    writes itself into a dense row (`write_into`)."""
+    size = max(len(row) for row in tokens)
+    out_tokens = torch.zeros(len(tokens), size, dtype=torch.long)
+    out_parents = torch.zeros(len(tokens), size, dtype=torch.long)
+    probs = torch.zeros(len(tokens), size, vocab) if laws is not None else None
+    for j, (row_tokens, row_parents) in enumerate(zip(tokens, parents)):
+        # padding repeats the root's first child, tried last among the root's children: after that child was
+        # rejected it has draft and target probability 0, so it is never accepted
         filler = row_tokens[1] if len(row_tokens) > 1 else row_tokens[0]
-        while len(row_tokens) < size:
-            # a repeat of the root's first child, tried last among the root's children: after that child
-            # was rejected it has draft and target probability 0, so it is never accepted
-            row_tokens.append(filler)
-            row_parents.append(0)
-        tokens[j] = torch.tensor(row_tokens)
-        parents[j] = torch.tensor(row_parents)
+        out_tokens[j] = torch.tensor(list(row_tokens) + [filler] * (size - len(row_tokens)))
+        out_parents[j] = torch.tensor(list(row_parents) + [0] * (size - len(row_parents)))
         if probs is not None:
-            for node, law in enumerate(b.laws):
-                if law is not None:
+            for node, law in enumerate(laws[j]):
+                if isinstance(law, torch.Tensor):
                     probs[j, node] = law
-    return DraftTree(tokens, parents, probs)
+                elif law is not None:
+                    law.write_into(probs[j, node])
+    return DraftTree(out_tokens, out_parents, probs)
 
 
 def trees_ancestor_mask(parents: torch.Tensor) -> torch.Tensor:

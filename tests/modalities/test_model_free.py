@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tiny_models import CHARS, char_tokenizer, save_tiny_pair
+from tiny_models import CHARS, HFTable, char_tokenizer, save_tiny_pair
 
 from specgen.errors import InvalidRequest, ModelNotFound, VocabularyMismatch
 from specgen.kernels import sample_categorical
@@ -322,15 +322,6 @@ def test_incremental_embedding_equals_a_full_forward(generator):
     assert np.allclose(step, full[0, -1].numpy(), atol=1e-5)
     assert np.allclose(embedder.query(0, context[:4]), embedder.hidden(torch.tensor([context[:4]]))[0][0, -1].numpy(),
                        atol=1e-5)  # a context that is not an extension starts over
-
-
-class HFTable:
-    def __init__(self, model):
-        self.model = model
-
-    @torch.no_grad()
-    def logits(self, context):
-        return self.model(input_ids=torch.tensor([list(context)])).logits[0, -1].double()
 
 
 @pytest.mark.slow

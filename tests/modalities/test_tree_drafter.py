@@ -5,7 +5,7 @@ reproducible, and sampled outputs follow the target's distribution (chi-square).
 import pytest
 import torch
 
-from tiny_models import save_tiny_pair
+from tiny_models import HFTable, save_tiny_pair
 from specgen.modalities.drafters.model import ModelDrafter
 from specgen.modalities.text.generator import TextGenerator, load_causal_lm
 from specgen.modalities.drafters.tree import TreeDrafter, parse_accept_probs, tree_drafter
@@ -118,17 +118,6 @@ def test_knobs_are_checked(generator):
     knobs = get_method("text", "sequoia").resolve_knobs({"tree_budget": 7})
     drafter = tree_drafter("tree-static", generator.draft_model, Processing(), knobs)
     assert len(drafter.shape) == 8 and drafter.max_nodes == 8
-
-
-class HFTable:
-    """A transformers model as `lm.logits(context)` for the exact joint."""
-
-    def __init__(self, model):
-        self.model = model
-
-    @torch.no_grad()
-    def logits(self, context):
-        return self.model(input_ids=torch.tensor([list(context)])).logits[0, -1].double()
 
 
 @pytest.mark.slow
