@@ -24,7 +24,8 @@ from specgen.modalities.runtime.transformers_adapter import measure_window_s
 from specgen.samplers.auto import Costs
 from specgen.samplers.types import DecodeContext
 
-VERSION = 6  # 2: fastest of 5 timings, monotone in window size; 4: Jacobi priors over a whole image or clip; 5: image/video windows timed at half a request's context
+VERSION = 7  # 2: fastest of 5 timings, monotone in window size; 4: Jacobi priors over a whole image or clip; 5: image/
+# video windows timed at half a request's context; 7: the int8 kernel reads weights once for 7-12 rows
 # a Jacobi window's run, one whole image or clip (at most this many tokens): its tokens per step grow as it settles
 STATEFUL_PRIOR_TOKENS = 2048
 PRIOR_TOKENS = 48  # tokens of the short run that measures each candidate's acceptance

@@ -1,6 +1,6 @@
 """Triton kernels vs their torch twins on a CUDA device: correctness first, then median times.
 
-    python benchmarks/kernels.py [--out benchmarks/kernels-<gpu>.json] [--ops coupled_resample gumbel_argmax]
+    python benchmarks/triton_kernels.py [--out benchmarks/kernels-<gpu>.json] [--ops coupled_resample gumbel_argmax]
 
 Shapes: batch 1-64, draft 4-16, vocab 32k-262k (chain rejection sampling; tree verification is checked for
 identical outputs on a small tree). Times come from CUDA events (median of 50 runs after warm-up)
