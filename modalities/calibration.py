@@ -25,7 +25,8 @@ from specgen.samplers.auto import Costs
 from specgen.samplers.types import DecodeContext
 
 VERSION = 7  # 2: fastest of 5 timings, monotone in window size; 4: Jacobi priors over a whole image or clip; 5: image/
-# video windows timed at half a request's context; 7: the int8 kernel reads weights once for 7-12 rows
+# video windows timed at half a request's context; 7: windows timed round-robin and fitted monotone (PAV), the int8
+# kernel reads the weights once for 7-12 rows
 # a Jacobi window's run, one whole image or clip (at most this many tokens): its tokens per step grow as it settles
 STATEFUL_PRIOR_TOKENS = 2048
 PRIOR_TOKENS = 48  # tokens of the short run that measures each candidate's acceptance
@@ -113,12 +114,19 @@ def calibrate(key: dict, target, prompt: torch.Tensor, windows: Sequence[int], c
     todo = [name for name in candidates if name not in record["draft_s"]]
     if not todo_windows and not todo:
         return record
-    progress = Progress(len(todo_windows) + len(todo), f"calibrating {key['modality']} for this machine", quiet)
+    rounds = REPEATS if todo_windows else 0
+    progress = Progress(rounds + len(todo), f"calibrating {key['modality']} for this machine", quiet)
     try:
         measure_window_s(target, prompt, 1, 2)  # first touch: compiled kernels, caches
-        for n in todo_windows:
-            record["verify_s"][str(n)] = _fastest(lambda: measure_window_s(target, prompt, n, 1), REPEATS)
-            progress.update(f"window {n}")
+        # round-robin over the windows, so a burst of load from elsewhere slows one timing of several sizes rather
+        # than every timing of one size
+        samples: dict[int, list[float]] = {n: [] for n in todo_windows}
+        for round_ in range(rounds):
+            for n in todo_windows:
+                samples[n].append(measure_window_s(target, prompt, n, 1))
+            progress.update(f"windows, round {round_ + 1} of {rounds}")
+        for n, times in samples.items():
+            record["verify_s"][str(n)] = min(times)  # on a shared CPU the noise only ever adds time
         record["verify_s"] = _monotone(record["verify_s"])
         for name in todo:
             candidate = candidates[name]() if processing is None else candidates[name](processing)
@@ -136,19 +144,19 @@ def calibrate(key: dict, target, prompt: torch.Tensor, windows: Sequence[int], c
 REPEATS = 5
 
 
-def _fastest(measure: Callable[[], float], repeats: int) -> float:
-    """The fastest of `repeats` timings: on a shared CPU the noise only ever adds time."""
-    return min(measure() for _ in range(repeats))
-
-
 def _monotone(verify_s: dict) -> dict:
-    """A larger window never costs less: each size takes the least of its own time and every larger size's (a
-    contended measurement of one size does not make it look dearer than the next)."""
-    out, least = {}, float("inf")
-    for n in sorted(verify_s, key=int, reverse=True):
-        least = min(least, verify_s[n])
-        out[n] = least
-    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+    """A larger window never costs less: the closest non-decreasing fit (pool adjacent violators). Where a size
+    reads cheaper than a smaller one, both take their mean, so one lucky timing of a wide window does not make
+    every narrower one look as cheap (which would overstate what a longer draft costs against a shorter one)."""
+    sizes = sorted(verify_s, key=int)
+    blocks: list[list] = []  # [mean, count] of pooled runs of sizes
+    for n in sizes:
+        blocks.append([verify_s[n], 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (mean_b, count_b), (mean_a, count_a) = blocks.pop(), blocks.pop()
+            blocks.append([(mean_a * count_a + mean_b * count_b) / (count_a + count_b), count_a + count_b])
+    fitted = [mean for mean, count in blocks for _ in range(count)]
+    return dict(zip(sizes, fitted))
 
 
 def _draft_cost(candidate, prompt: torch.Tensor) -> tuple[float, float]:

@@ -40,7 +40,7 @@ struct Lanes16 {  // AVX-512F: 32 registers
   }
   static inline V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static inline float sum(V v) { return _mm512_reduce_add_ps(v); }
-  static constexpr int nb(int mb) { return mb == 1 ? 8 : mb == 2 ? 6 : 4; }
+  static constexpr int nb(int mb) { return mb == 1 ? 8 : mb == 2 ? 6 : mb <= 4 ? 4 : 3; }
 };
 static const bool kHave512 = true;
 #else
