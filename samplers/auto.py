@@ -270,11 +270,14 @@ class AutoDrafter:
             # a stateful drafter's single step says little (its window starts cold): it is not probed
             if cand.shadow or cand.stateful or name == current or self.step < self._probe_at[name]:
                 continue
-            best, speed = self.best_length(name, optimistic=True)
+            _, speed = self.best_length(name, optimistic=True)
             self._probe_gap[name] *= 2
             self._probe_at[name] = self.step + self._probe_gap[name]
             if speed > now * (1.0 + self.margin):
-                return name, best
+                # the optimism decides whether to look, not how far: at the length the point estimate would run
+                # (an optimistic length drafts the longest chain, and on Gemma 3 270M one probe of 16 drafts
+                # verified a 17-slot window, 134 ms against a step's 37)
+                return name, self.best_length(name)[0]
         return None
 
     # ---- the Drafter protocol ----------------------------------------------------------------------------------

@@ -150,9 +150,11 @@ class ModelDrafter:
         self.confidence = torch.stack(confidence, 1)
         return Draft(torch.stack(drafted, 1), torch.stack(laws, 1), num_drafted=ragged, vocab_ids=self.vocab_ids)
 
-    def _feed(self, rows: torch.Tensor, backlog, feed: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    def _feed(self, rows: torch.Tensor, backlog, feed: torch.Tensor, first: torch.Tensor,
+              logits: bool = True) -> torch.Tensor | None:
         """Score and cache the backlog's committed tokens (None: already fed) followed by the drafted tokens `feed`
-        [rows, u], the first of them at position `first` [rows]; return the draft's logits after the last one."""
+        [rows, u], the first of them at position `first` [rows]; return the draft's logits after the last one
+        (`logits` False: only cache them, and skip the output layer over the whole backlog)."""
         u = feed.shape[1]
         if backlog is None:
             tokens, counts = feed, torch.zeros(len(rows), dtype=torch.long)
@@ -165,10 +167,11 @@ class ModelDrafter:
         at = first[:, None] - counts[:, None] + torch.arange(tokens.shape[1])  # [rows, w]
         # a ragged backlog (rows that accepted different counts, or new prompts): padding is not scored
         valid = length if bool((length < tokens.shape[1]).any()) else None
-        logits = self.engine.score(self._draft_ids(tokens), at, rows, valid=valid)  # [rows, w, vocab]
+        scored = self.engine.score(self._draft_ids(tokens), at, rows, valid=valid,
+                                   logits_to_keep=0 if logits else 1)  # [rows, w or 1, vocab]
         self.forward_calls += 1
         self.engine.commit(torch.arange(tokens.shape[1]) < length[:, None], rows)
-        return logits[torch.arange(len(rows)), length - 1]
+        return scored[torch.arange(len(rows)), length - 1] if logits else None
 
     def _lookup_rows(self, prefixes: list[list[int]], rows: list[int]) -> list[int]:
         """Per row, the draft index of the token lookup continues its context with, or -1 where it has none (a
@@ -225,7 +228,7 @@ class ModelDrafter:
         subset = rows[long]
         # the backlog alone, nothing drafted (`first`: where a drafted token would go, right after the backlog)
         self._feed(subset, (tokens, counts), torch.zeros(len(long), 0, dtype=torch.long),
-                   self.engine.cache.lengths[subset] + counts)
+                   self.engine.cache.lengths[subset] + counts, logits=False)
 
     def _catch_up(self, ctx: DecodeContext):
         """Roll each row back to the longest common prefix of its cache and the committed context; return the

@@ -146,6 +146,7 @@ class LlamaRunner:
 # 6-17 ms for the code target here; the stamp (each parameter's storage and in-place version counter) notices any
 # update, e.g. a draft trained while serving
 _PREPARED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_INT8_HEADS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> (weight stamp, Int8Linear)
 
 
 def _prepared_weights(model, matmul_dtype: torch.dtype | None):

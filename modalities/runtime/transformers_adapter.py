@@ -169,8 +169,11 @@ class TransformersTarget:
         self.cache.commit(valid)
 
     def score(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
-              tree_mask: torch.Tensor | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
-        return self._forward(tokens, positions, rows, tree_mask, valid=valid)  # None: a causal window
+              tree_mask: torch.Tensor | None = None, valid: torch.Tensor | None = None,
+              logits_to_keep: int = 0) -> torch.Tensor:
+        """Logits of every slot ([rows, n, vocab]), or of the last `logits_to_keep` slots only (a cache fill whose
+        logits nobody reads skips most of the output layer)."""
+        return self._forward(tokens, positions, rows, tree_mask, logits_to_keep, valid=valid)  # None: causal
 
     def commit(self, kept: torch.Tensor, rows: torch.Tensor) -> None:
         self.cache.rows = rows
