@@ -117,7 +117,7 @@ class AutoDrafter:
     """Runs one candidate per step (or none: plain decoding) and re-decides after each verdict."""
 
     PRIOR_WEIGHT = 4.0  # pseudo-observations behind each prior
-    PROBE_EVERY = 16  # steps between probes of a model drafter not running (doubles after each)
+    PROBE_EVERY = 8  # steps between probes of a model drafter not running (growing by half after each)
 
     def __init__(self, candidates: list[Candidate], costs: Costs, *, margin: float = 0.05, prior_weight=None):
         self.candidates = {c.name: c for c in candidates}
@@ -271,7 +271,7 @@ class AutoDrafter:
             if cand.shadow or cand.stateful or name == current or self.step < self._probe_at[name]:
                 continue
             _, speed = self.best_length(name, optimistic=True)
-            self._probe_gap[name] *= 2
+            self._probe_gap[name] = self._probe_gap[name] * 3 // 2
             self._probe_at[name] = self.step + self._probe_gap[name]
             if speed > now * (1.0 + self.margin):
                 # the optimism decides whether to look, not how far: at the length the point estimate would run
