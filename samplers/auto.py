@@ -117,7 +117,8 @@ class AutoDrafter:
     """Runs one candidate per step (or none: plain decoding) and re-decides after each verdict."""
 
     PRIOR_WEIGHT = 4.0  # pseudo-observations behind each prior
-    PROBE_EVERY = 8  # steps between probes of a model drafter not running (growing by half after each)
+    PROBE_EVERY = 8  # steps between probes of a model drafter not running, growing by PROBE_GROWTH after each
+    PROBE_GROWTH = 1.5
 
     def __init__(self, candidates: list[Candidate], costs: Costs, *, margin: float = 0.05, prior_weight=None):
         self.candidates = {c.name: c for c in candidates}
@@ -130,7 +131,7 @@ class AutoDrafter:
         self.step_rule = None  # the rule of the candidate that drafted this step (None: nothing drafted)
         self._running: str = PLAIN  # who drafts this step
         self._shadows: dict[str, Draft] = {}
-        self._probe_at = {c.name: self.PROBE_EVERY for c in candidates}
+        self._probe_credit = {c.name: 0 for c in candidates}  # steps not running since its last probe
         self._probe_gap = {c.name: self.PROBE_EVERY for c in candidates}
         self.timeline: list[dict] = []
         self.steps_by_method: dict[str, int] = {}
@@ -265,19 +266,24 @@ class AutoDrafter:
     def _probe(self) -> tuple[str, int] | None:
         """A model drafter not running whose optimistic speed still beats the current choice, once its turn is due."""
         current, length = self.choice
-        now = self.speed(current, length)
+        now, now_cost = self.speed(current, length), self.step_cost(current, length)
         for name, cand in self.candidates.items():
             # a stateful drafter's single step says little (its window starts cold): it is not probed
-            if cand.shadow or cand.stateful or name == current or self.step < self._probe_at[name]:
+            if cand.shadow or cand.stateful or name == current:
                 continue
-            _, speed = self.best_length(name, optimistic=True)
-            self._probe_gap[name] = self._probe_gap[name] * 3 // 2
-            self._probe_at[name] = self.step + self._probe_gap[name]
-            if speed > now * (1.0 + self.margin):
-                # the optimism decides whether to look, not how far: at the length the point estimate would run
-                # (an optimistic length drafts the longest chain, and on Gemma 3 270M one probe of 16 drafts
-                # verified a 17-slot window, 134 ms against a step's 37)
-                return name, self.best_length(name)[0]
+            self._probe_credit[name] += 1
+            # the optimism decides whether to look, not how far: at the length the point estimate would run (an
+            # optimistic length drafts the longest chain: on Gemma 3 270M one probe of 16 drafts verified a
+            # 17-slot window, 134 ms against a step's 37). A probe dearer than the current step waits that many
+            # times longer (a tree on the code pair costs about three of its chain steps)
+            probe_length = self.best_length(name)[0]
+            dearer = max(1.0, self.step_cost(name, probe_length) / now_cost)
+            if self._probe_credit[name] < self._probe_gap[name] * dearer:
+                continue
+            self._probe_credit[name] = 0
+            self._probe_gap[name] = round(self._probe_gap[name] * self.PROBE_GROWTH)
+            if self.best_length(name, optimistic=True)[1] > now * (1.0 + self.margin):
+                return name, probe_length
         return None
 
     # ---- the Drafter protocol ----------------------------------------------------------------------------------
