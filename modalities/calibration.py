@@ -80,7 +80,7 @@ def save(record: dict) -> Path:
 
 def costs_of(record: dict) -> Costs:
     return Costs({int(n): s for n, s in record["verify_s"].items()},
-                 {name: tuple(v) for name, v in record["draft_s"].items()})
+                 {name: tuple(v) for name, v in record["draft_s"].items()}, record.get("overhead_s", 0.0))
 
 
 class Progress:
@@ -112,7 +112,7 @@ def calibrate(key: dict, target, prompt: torch.Tensor, windows: Sequence[int], c
     record = record or {"key": key, "verify_s": {}, "draft_s": {}, "prior": {}}
     todo_windows = [n for n in windows if str(n) not in record["verify_s"]]
     todo = [name for name in candidates if name not in record["draft_s"]]
-    if not todo_windows and not todo:
+    if not todo_windows and not todo and "overhead_s" in record:
         return record
     rounds = REPEATS if todo_windows else 0
     progress = Progress(rounds + len(todo), f"calibrating {key['modality']} for this machine", quiet)
@@ -128,6 +128,8 @@ def calibrate(key: dict, target, prompt: torch.Tensor, windows: Sequence[int], c
         for n, times in samples.items():
             record["verify_s"][str(n)] = min(times)  # on a shared CPU the noise only ever adds time
         record["verify_s"] = _monotone(record["verify_s"])
+        if "overhead_s" not in record:
+            record["overhead_s"] = _loop_overhead(target, prompt, record["verify_s"]["1"], processing)
         for name in todo:
             candidate = candidates[name]() if processing is None else candidates[name](processing)
             record["draft_s"][name] = list(_draft_cost(candidate, prompt))
@@ -142,6 +144,28 @@ def calibrate(key: dict, target, prompt: torch.Tensor, windows: Sequence[int], c
 
 
 REPEATS = 5
+
+
+def _loop_overhead(target, prompt: torch.Tensor, verify_one_s: float, processing, short: int = 4,
+                   long: int = 28) -> float:
+    """Seconds one step of plain decoding through the loop takes beyond the target's forward: what every step pays
+    whatever is drafted. The slope between runs of `short` and `long` tokens (the fastest of three each), so the
+    prompt's prefill cancels out."""
+    from specgen.samplers import loop
+    from specgen.samplers.acceptance import make_rule
+    from specgen.samplers.processing import Processing
+
+    processing = processing or Processing()
+    rule = make_rule("chain", processing)
+
+    def run_s(tokens: int) -> float:
+        started = time.perf_counter()
+        loop.generate(target, None, rule, [prompt], processing=processing, max_new_tokens=tokens)
+        return time.perf_counter() - started
+
+    fastest = {n: min(run_s(n) for _ in range(3)) for n in (short, long)}
+    per_step = (fastest[long] - fastest[short]) / (long - short)
+    return max(per_step - verify_one_s, 0.0)
 
 
 def _monotone(verify_s: dict) -> dict:

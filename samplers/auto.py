@@ -41,6 +41,10 @@ class Costs:
 
     verify_s: dict[int, float]
     draft_s: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # what one step of the decoding loop costs besides the models' forwards (laws, acceptance, bookkeeping): about a
+    # millisecond, a third of a plain step of the small speech and code models, so without it short drafts (more
+    # steps) look as cheap as long ones
+    overhead_s: float = 0.0
 
     def verify(self, n: int) -> float:
         """T_verify(n), linear between measured sizes, extended by the last segment's slope."""
@@ -208,18 +212,18 @@ class AutoDrafter:
 
     def step_cost(self, name: str, length: int, hit: float | None = None) -> float:
         if name == PLAIN:
-            return self.costs.verify(1)
+            return self.costs.verify(1) + self.costs.overhead_s
         cand = self.candidates[name]
         if cand.is_tree:
-            return self.costs.draft(name, length) + self.costs.verify(cand.nodes + 1)
+            return self.costs.draft(name, length) + self.costs.verify(cand.nodes + 1) + self.costs.overhead_s
         hit = self.hit_rate(name) if hit is None else hit
         return (self.costs.draft(name, length) + hit * self.costs.verify(length + 1)
-                + (1.0 - hit) * self.costs.verify(1))
+                + (1.0 - hit) * self.costs.verify(1) + self.costs.overhead_s)
 
     def speed(self, name: str, length: int, optimistic: bool = False) -> float:
         """Predicted tokens per second."""
         if name == PLAIN:
-            return 1.0 / self.costs.verify(1)
+            return 1.0 / self.step_cost(PLAIN, 0)
         return self.expected_tokens(name, length, optimistic) / self.step_cost(name, length)
 
     def best_length(self, name: str, optimistic: bool = False) -> tuple[int, float]:
