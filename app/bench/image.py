@@ -9,6 +9,10 @@ whole image (grid * grid tokens) or one whole video (frames * grid * grid). Repo
 window, `(AR steps / steps) * T_window(1) / T_window(L)`. Per category: the target's mean token entropy (what
 limits acceptance). Exactness: at temperature 0 every method must reproduce `ar` token for token (checked on every
 prompt); at temperature 1 the methods are exact by construction (tests/samplers/test_jacobi.py).
+
+With `quality=True` (`--quality`) every generated image or clip is also scored by the independent judge
+(modalities/image/judge.py: Tesseract OCR of the glyph, palette colours of glyph and background, and for clips the
+direction of motion), per method, beside the same checks on true renders of the same prompts (the judge's ceiling).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from specgen.samplers.registry import get_method, method_names
 
 WINDOWS = {"image": (2, 4, 8, 16, 32, 64), "video": (8, 16, 32, 64, 128)}
 WINDOW_REPEATS = 5  # timing repeats of one window forward (median)
+CEILING_RENDERS = 4  # true renders judged per prompt for the judge's ceiling
 DEFAULT_METHODS = ("ar", "sjd", "mc-sjd", "gumbel-sjd", "auto")
 
 
@@ -53,11 +58,14 @@ def token_entropy(generator, prompt: str, tokens: list[int]) -> float:
 
 def run_bench_image(*, prompts_path: Path | None = None, methods: list[str] | None = None, repeats: int = 1,
                     windows=None, generator=None, samples_out: Path | None = None, modality: str = "image",
-                    model: str | Path | None = None, start: RunStart | None = None) -> dict:
+                    model: str | Path | None = None, start: RunStart | None = None, quality: bool = False) -> dict:
     """Every prompt and repeat: `ar`, then every Jacobi method at every window, same seed; then per prompt the
-    greedy exactness check. `samples_out`: where the first repeat's images are drawn, one row per method."""
+    greedy exactness check. `samples_out`: where the first repeat's images are drawn, one row per method.
+    `quality`: judge every generated image (OCR, colours, motion) and true renders of the same prompts."""
+    from specgen.modalities.image import judge
     from specgen.modalities.image.generator import ImageGenerator
 
+    tesseract = judge.require_tesseract() if quality else None  # before any model loads
     generator = generator or ImageGenerator(model, video=modality == "video")
     if generator.modality != modality:
         raise InvalidRequest(f"{generator.model_path} is {'a video' if generator.modality == 'video' else 'an image'}"
@@ -87,6 +95,8 @@ def run_bench_image(*, prompts_path: Path | None = None, methods: list[str] | No
             if method == "ar":
                 ar = result
             runs.append(_record(prompt, round_.repeat, method, L, result, ar))
+            if quality:
+                runs[-1]["quality"] = judge_sample(result.image, prompt.prompt)
             if round_.repeat == 0 and method == "ar":
                 entropy[prompt.id] = token_entropy(generator, prompt.prompt, ar.tokens[0])
             if round_.repeat == 0 and (method in ("ar", "auto") or L == max(windows)):
@@ -102,9 +112,55 @@ def run_bench_image(*, prompts_path: Path | None = None, methods: list[str] | No
                             sampling={"temperature": 1.0, "top_k": processing.top_k,
                                       "guidance_scale": processing.guidance_scale},
                             model=str(generator.model_path), vq=str(generator.vq_path))
+    if quality:
+        result["quality"] = quality_summary(runs, prompts, methods, generator.vocab.frames)
+        result["env"]["tesseract"] = tesseract
     if samples_out is not None:
         _save_gallery(gallery, [p.id for p in prompts], samples_out)
     return result
+
+
+def judge_sample(media, prompt: str) -> dict | None:
+    """The judge's scores of one generated image (PIL) or clip (list of PIL frames) against its prompt; None for a
+    prompt with nothing to judge (photos, grey scanned digits)."""
+    from dataclasses import asdict
+
+    from specgen.modalities.image import judge
+
+    ask = judge.parse_prompt(prompt)
+    if not ask.judgeable:
+        return None
+    verdict = judge.judge_clip(media) if isinstance(media, list) else judge.judge_image(media)
+    return {**judge.score(verdict, ask), "verdict": asdict(verdict)}
+
+
+def quality_summary(runs: list[dict], prompts: list[Prompt], methods: list[str], frames: int) -> dict:
+    """Per method: the judge's accuracies over every run of it (all windows: the methods are exact, so every window
+    samples the same law); `true renders`: the same checks on CEILING_RENDERS true renders per prompt (the judge's
+    ceiling); `chance`: `ar`'s images scored against the prompt half the file away (another glyph, other colours,
+    another motion in the shipped files), the level a model that ignores its prompt would reach."""
+    from specgen.modalities.image import judge
+
+    per_method = {m: judge.summarise([r["quality"] for r in runs if r["method"] == m and r.get("quality")])
+                  for m in methods}
+    asks = {p.id: judge.parse_prompt(p.prompt) for p in prompts}
+    judged = [p.id for p in prompts if asks[p.id].judgeable]
+    other = {pid: asks[judged[(k + len(judged) // 2) % len(judged)]] for k, pid in enumerate(judged)}
+    chance = [judge.score(judge.verdict_from_dict(r["quality"]["verdict"]), other[r["prompt"]])
+              for r in runs if r["method"] == "ar" and r.get("quality") and len(judged) > 1]
+    ceiling = []
+    for prompt in prompts:
+        ask = judge.parse_prompt(prompt.prompt)
+        if ask.char is None or (frames > 1 and ask.motion is None):
+            continue  # the true renders are glyphs (scanned digits and photos are not judged for the ceiling)
+        for sample in range(CEILING_RENDERS):
+            rng = judge.render_rng(prompt.prompt, sample)
+            if frames > 1:
+                ceiling.append(judge.score_clip(judge.judge_clip(judge.true_clip(ask, rng, frames)), ask))
+            else:
+                ceiling.append(judge.score_image(judge.judge_image(judge.true_image(ask, rng)), ask))
+    return {"methods": per_method, "true_renders": judge.summarise(ceiling), "chance": judge.summarise(chance),
+            "renders_per_prompt": CEILING_RENDERS}
 
 
 def _window_ms(result: dict, window: int) -> str:
@@ -231,11 +287,52 @@ def render_markdown(result: dict, plot_name: str | None, samples_name: str | Non
                   f"for token.", "",
               "Predicted speedup = (AR steps / steps) × T_window(1) / T_window(L), from the measured steps and the "
               "measured median cost of one target forward over L slots (guided: two rows).", ""]
+    if result.get("quality"):
+        lines += quality_markdown(result)
     if plot_name:
         lines += [f"![speedup by window]({plot_name})", ""]
     if samples_name:
         lines += [f"Samples (first repeat; rows: methods at the largest L, columns: prompts): ![samples]({samples_name})", ""]
     return "\n".join(lines)
+
+
+def quality_markdown(result: dict) -> list[str]:
+    """The judge's table: one row per method and one for true renders (the ceiling), speedups beside."""
+    quality, video = result["quality"], result.get("frames", 1) > 1
+
+    def share(summary: dict, key: str) -> str:
+        return f"{summary[key]:.2f}" if key in summary else "—"
+
+    def group(summary: dict, name: str) -> str:
+        g = summary.get(name)
+        return f"{g['ocr_folded']:.2f} / {g['ocr_strict']:.2f} ({g['n']})" if g else "—"
+
+    per_frame = "per-frame " if video else ""
+    head = (f"| | {'clips' if video else 'images'} | {per_frame}OCR case-folded | {per_frame}OCR strict | uppercase "
+            "| lowercase | digits | glyph colour | background colour |"
+            + (" direction | monotonic |" if video else "") + " speedup vs ar |")
+    lines = ["## Quality (independent judge)", "",
+             "Tesseract reads the glyph (one character, the prompt alphabet), the palette colours of glyph and "
+             "background are read from the pixels" + (", and the glyph's centroid over the frames gives the direction "
+                                                      "of motion" if video else "") + " (modalities/image/judge.py). "
+             "Shares of the samples the prompt's check applies to; OCR per class group as case-folded / strict "
+             "(samples). Headline: case-folded (letters case-insensitive, 0 = O): a lone glyph's case is often "
+             "undecidable. `true renders` is the judge on "
+             f"{quality['renders_per_prompt']} training-style renders per glyph prompt: its ceiling; `chance` "
+             "scores `ar`'s images against the prompt half the file away: what ignoring the prompt scores. "
+             "Methods pool every window (all are exact). The Fréchet distance is measured by `--quality-samples` "
+             "for the head methods (benchmarks/image-lantern-latest.md).", "",
+             head, "|---" * (head.count("|") - 1) + "|"]
+    rows = [*((f"`{m}`", s, result["methods"].get(m, {}).get("speedup_vs_ar")) for m, s in quality["methods"].items()),
+            ("true renders (ceiling)", quality["true_renders"], None),
+            *((("`ar` vs another prompt (chance)", quality["chance"], None),) if quality["chance"]["samples"] else ())]
+    for name, summary, speedup in rows:
+        lines.append(f"| {name} | {summary['samples']} | {share(summary, 'ocr_folded')} | "
+                     f"{share(summary, 'ocr_strict')} | {group(summary, 'uppercase')} | "
+                     f"{group(summary, 'lowercase')} | {group(summary, 'digit')} | {share(summary, 'fg')} | "
+                     f"{share(summary, 'bg')} |" + (f" {share(summary, 'direction')} | {share(summary, 'monotonic')} |"
+                                                    if video else "") + f" {fmt(speedup, suffix='×')} |")
+    return lines + [""]
 
 
 def plot_png(path: Path, result: dict) -> None:
@@ -306,13 +403,14 @@ def write_outputs(result: dict, out_dir: Path, plot: bool = True, latest_dir: Pa
     """bench-MODALITY-STAMP.* in `out_dir`, MODALITY-latest.* in `latest_dir` (default: the same folder); the sample
     sheet the run drew beside them (bench-MODALITY-STAMP-samples.png) is linked and copied too."""
     stem = f"bench-{result.get('modality', 'image')}-{result['env']['timestamp_utc']}"
+    latest = f"{result.get('modality', 'image')}{'-quality' if result.get('quality') else ''}-latest"
     figures = {"png": lambda path: plot_png(path, result)} if plot else {}
     samples = out_dir / f"{stem}-samples.png"
     if samples.exists():
         figures["samples"] = samples
     return write_record(result, out_dir, stem, lambda names: render_markdown(result, names.get("png"),
                                                                              names.get("samples")),
-                        figures, f"{result.get('modality', 'image')}-latest", latest_dir)
+                        figures, latest, latest_dir)
 
 
 def bench_image(args) -> int:
@@ -322,6 +420,11 @@ def bench_image(args) -> int:
     if getattr(args, "max_new_tokens", None) is not None:
         raise InvalidRequest(f"--max-new-tokens does not apply to {modality}: every run generates one whole {modality}")
     out_dir, latest_dir = record_dirs(getattr(args, "out_dir", None))
+    quality = getattr(args, "quality", False)
+    if quality:
+        from specgen.modalities.image.judge import require_tesseract
+
+        require_tesseract()  # one clear error before any model loads
     if modality == "image":
         from specgen.app.bench.lantern import HEAD_METHODS, bench_lantern
 
@@ -337,7 +440,8 @@ def bench_image(args) -> int:
     result = run_bench_image(prompts_path=args.prompts, methods=args.methods, repeats=args.repeats,
                              windows=getattr(args, "windows", None), modality=modality,
                              model=getattr(args, "model", None), start=start,
-                             samples_out=out_dir / f"bench-{modality}-{start.timestamp}-samples.png")
+                             samples_out=out_dir / f"bench-{modality}-{start.timestamp}-samples.png",
+                             quality=quality)
     result["env"]["command"] = command_line(args)
     print_outcome(result, write_outputs(result, out_dir, latest_dir=latest_dir), args.json)
     return 0

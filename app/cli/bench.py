@@ -40,6 +40,10 @@ def add_bench_parser(commands, command) -> None:
             p.add_argument("--windows", type=int_list(2, 256), metavar="L,L,...",
                            help="Jacobi windows to sweep (default: " + ("2..64" if modality == "image" else "8..128")
                            + ")")
+            p.add_argument("--quality", action="store_true",
+                           help=f"also judge every generated {modality}: Tesseract OCR of the glyph and its palette "
+                                "colours" + (", and the direction of motion" if modality == "video" else "")
+                                + ", beside true renders (needs tesseract-ocr and the image-eval extra)")
         if modality == "image":
             _head_options(p)
         if modality == "speech":
