@@ -12,6 +12,7 @@ import torch
 
 from specgen.errors import SpecgenError
 from specgen.modalities import calibration
+from specgen.modalities.pipeline import make_drafter
 from specgen.samplers import loop
 from specgen.samplers.acceptance import make_rule
 from specgen.samplers.auto import AutoDrafter, AutoPolicy, AutoRule, Candidate, chain_lengths
@@ -55,7 +56,7 @@ def _factory(generator, spec, knobs: dict, request_processing: Processing, engin
     lengths = _lengths(generator, spec, knobs, policy)
 
     def build(processing: Processing = request_processing) -> Candidate:
-        drafter = generator.drafter(spec, knobs, processing, policy, engine)
+        drafter = make_drafter(generator, spec, knobs, processing, policy, engine)
         rule = make_rule(spec.rule, processing, **generator.rule_options(spec, knobs, drafter))
         nodes = None
         if spec.rule == "tree":

@@ -98,6 +98,10 @@ class Generator:
             from specgen.samplers.length_policies import SvipLength
 
             return SvipLength(knobs["num_draft_tokens"], threshold=knobs["entropy_threshold"])
+        if spec.policy == "kangaroo":  # the self-draft's confidence stop (modalities/drafters/kangaroo.py)
+            from specgen.samplers.length_policies import ConfidenceLength
+
+            return ConfidenceLength(knobs["num_draft_tokens"], threshold=knobs["confidence"])
         return make_policy(knobs.get("length_schedule", "fixed"), knobs.get("num_draft_tokens", 0))
 
     def capacity(self, spec: MethodSpec, knobs: dict, prompts: Sequence[torch.Tensor], max_new_tokens: int) -> int | None:
@@ -149,7 +153,7 @@ def build_pipeline(generator: Generator, method: str | None, prompts: Sequence[t
     if hasattr(policy, "attach"):  # the cost model reads this run's measurements
         policy.attach(stats)
     engine = generator.engine(generator.capacity(spec, knobs, prompts, max_new_tokens))
-    drafter = generator.drafter(spec, knobs, processing, policy, engine)
+    drafter = make_drafter(generator, spec, knobs, processing, policy, engine)
     if knobs.get("verify_capacity"):  # TETRIS: the batch verifies only its most promising drafted tokens
         from specgen.samplers.tetris import TetrisDrafter
 
@@ -158,6 +162,26 @@ def build_pipeline(generator: Generator, method: str | None, prompts: Sequence[t
     stats.reports.extend(part.run_summary for part in (drafter, rule) if hasattr(part, "run_summary"))
     return Pipeline(spec, knobs, processing, policy, drafter, rule, generator.serving_target(engine, processing),
                     max_new_tokens, tuple(generator.stop_tokens), stats)
+
+
+def make_drafter(generator: Generator, spec: MethodSpec, knobs: dict, processing: Processing, policy, engine):
+    """The drafter of `spec` (for a request and for `auto`'s candidates alike): the generator's, or a self-draft
+    built from the generator's own target (`kangaroo`: its first layers and a trained adapter)."""
+    if spec.drafter == "kangaroo":
+        from specgen.modalities.drafters.kangaroo import build_drafter
+
+        return build_drafter(generator, knobs, processing, policy)
+    return generator.drafter(spec, knobs, processing, policy, engine)
+
+
+def servable(generator: Generator, spec: MethodSpec) -> bool:
+    """Whether `generator` can serve `spec` at all: a self-draft needs an adapter trained for its very target
+    (for the default method sets, e.g. `bench` without --methods; a request for it gets the reason)."""
+    if spec.drafter == "kangaroo":
+        from specgen.modalities.drafters.kangaroo import has_adapter
+
+        return has_adapter(getattr(generator, "model_path", ""))
+    return True
 
 
 def check_num_samples(num_samples: int) -> int:

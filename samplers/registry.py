@@ -287,6 +287,23 @@ register(MethodSpec("consensus", "text", True,
                     knobs=(_FREE_BUDGET, _FREE_DEPTH, Knob("max_match", int, 8, MAX_MATCH.help, 1, 16), MIN_MATCH,
                            Knob("group", int, 16, "samples that draft for each other (samples 0..group-1, then the "
                                 "next group)", 1, 1024), MIN_SHARE)))
+# Self-speculation (modalities/drafters/kangaroo.py, docs/self_speculation.md): the target's first layers and a
+# trained adapter draft; served only where an adapter was trained for the target (`specgen train adapter`). Its own
+# confidence stop keeps it out of `auto`'s candidates (those take fixed lengths). Registered last of the text methods:
+# the others' knobs keep their places in the demo's positional API (TETRIS's and auto's, shown last, move by two).
+register(MethodSpec("kangaroo", "text", True,
+                    "self-speculation: the target's first exit_layer layers, a trained one-layer attention adapter "
+                    "and the target's own output layer draft a chain, stopping below a top-1 confidence; the full "
+                    "target verifies by exact rejection sampling (greedy match at temperature 0)",
+                    drafter="kangaroo", rule="chain", policy="kangaroo",
+                    paper="Liu et al. 2024, Kangaroo (arXiv 2404.18911)",
+                    # defaults: the fastest of benchmarks/kangaroo/sweep-*.md on the shipped code target, whose flat
+                    # laws put the draft's top-1 probability low even where it is right (the paper's 0.6 stops chains)
+                    knobs=(Knob("num_draft_tokens", int, 4, "the most tokens drafted per step", 1, 64),
+                           Knob("exit_layer", int, 0, "target layers the draft runs before its adapter (an adapter "
+                                "must be trained for it; 0: the shallowest trained one)", 0, 256),
+                           Knob("confidence", float, 0.0, "stop drafting before a token whose draft top-1 "
+                                "probability is below this (0: never; the paper's code uses 0.6)", 0.0, 1.0))))
 
 
 # ---- image and video --------------------------------------------------------------------------

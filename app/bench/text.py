@@ -57,6 +57,10 @@ def run_bench(*, prompts_path: Path | None, methods: list[str] | None, max_new_t
     draft_length, lookup_length = (int(resolve(get_method("text", name))["num_draft_tokens"])
                                    for name in ("draft", "ngram"))
     variants = plan_variants(methods, draft_length, lookup_length, resolve)
+    if methods is None:  # the default set: the methods this model can serve (`kangaroo` needs a trained adapter)
+        from specgen.modalities.pipeline import servable
+
+        variants = [v for v in variants if not v.ours or servable(generator, get_method("text", v.method))]
     runner = Runner(generator)
     if any(v.method == "hf-assisted" or (v.ours and (get_method("text", v.method).drafter or "").startswith("model"))
            for v in variants):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from specgen.app.cli.options import MAX_SEED, finite_float, int_at_least
 
-TRAINABLE = ("text", "draft", "image", "image-head", "image-classifier", "speech")
+TRAINABLE = ("text", "draft", "adapter", "image", "image-head", "image-classifier", "speech")
 
 
 def add_train_parser(commands, command) -> None:
@@ -18,7 +18,8 @@ def add_train_parser(commands, command) -> None:
     kinds = train.add_subparsers(dest="what", metavar="WHAT", required=True)
     for what in TRAINABLE:
         p = command(kinds, what, f"train the {what} model", f"train {what}",
-                    handler={"text": _train_text, "draft": _train_draft, "image": _train_image,
+                    handler={"text": _train_text, "draft": _train_draft, "adapter": _train_adapter,
+                             "image": _train_image,
                              "image-head": _train_image_head, "image-classifier": _train_image_classifier,
                              "speech": _train_speech}[what])
         p.add_argument("--out", type=Path, metavar="DIR", help="checkpoint folder (resumed when it holds one)")
@@ -43,6 +44,8 @@ def add_train_parser(commands, command) -> None:
                            help="train on the first N corpus files only (quick checks)")
         if what == "draft":
             _distill_options(p)
+        if what == "adapter":
+            _adapter_options(p)
 
 
 def _distill_options(p: argparse.ArgumentParser) -> None:
@@ -82,6 +85,26 @@ def _distill_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-seed", type=int_at_least(0, MAX_SEED), default=0, help="which windows (default: 0)")
     p.add_argument("--eval-windows", type=int_at_least(1), default=128, help="held-out windows (default: 128)")
     p.add_argument("--cache-dir", metavar="DIR", help="data and teacher caches (default: $SPECGEN_HOME/distill)")
+
+
+def _adapter_options(p: argparse.ArgumentParser) -> None:
+    p.description = ("Train a self-draft adapter on the frozen target's own greedy continuations (Kangaroo: the "
+                     "target's first layers, a one-layer attention adapter, the target's lm_head); resumable.")
+    p.add_argument("--method", choices=("kangaroo",), required=True, help="the self-speculation method")
+    p.add_argument("--model", metavar="DIR|code", help="the target model folder (default: code, the shipped one)")
+    p.add_argument("--exit-layer", type=int_at_least(1), metavar="L",
+                   help="target layers the draft runs (default: 1)")
+    p.add_argument("--mlp", action="store_true", help="a full decoder layer instead of the attention-only adapter")
+    p.add_argument("--export", type=Path, metavar="DIR",
+                   help="where the adapter and its card go (default: OUT/export; the shipped code target's are in "
+                        "assets/code/kangaroo)")
+    p.add_argument("--batch-size", type=int_at_least(1), metavar="N", help="windows per step (default: 16)")
+    p.add_argument("--windows", type=int_at_least(1), metavar="N",
+                   help="greedy continuations trained on (default: 2048)")
+    p.add_argument("--lr", type=finite_float, help="peak learning rate (default: 1e-3)")
+    p.add_argument("--data-seed", type=int_at_least(0, MAX_SEED), metavar="SEED", help="which prompts (default: 0)")
+    p.add_argument("--max-files", type=int_at_least(1), metavar="N",
+                   help="the first N corpus files only (quick checks)")
 
 
 # ---- handlers: each builds its trainer's config from the parsed options in one way (the run folder from --out,
@@ -130,6 +153,17 @@ def _train_draft(args: argparse.Namespace) -> int:
         record = prepare_samples(cfg)
         return _report(record, *record)
     return _report(train_draft(cfg), "steps", "params", "final_loss", "heldout", "coverage", "wall_s")
+
+
+def _train_adapter(args: argparse.Namespace) -> int:
+    """`train adapter --method kangaroo` (modalities/text/training/kangaroo.py)."""
+    from specgen.modalities.text.training.kangaroo import KangarooConfig, train_adapter
+
+    options = _given(args, *COMMON, "exit_layer", "batch_size", "windows", "lr", "data_seed", "max_files")
+    cfg = KangarooConfig(run_dir=str(args.out or Path("runs") / "kangaroo"), target=args.model, mlp=args.mlp,
+                         out=None if args.export is None else str(args.export), **options)
+    return _report(train_adapter(cfg), "exit_layer", "params", "steps", "final_loss", "heldout_before", "heldout",
+                   "train_s")
 
 
 def _train_image(args: argparse.Namespace) -> int:

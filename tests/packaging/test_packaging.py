@@ -211,5 +211,6 @@ def test_assets_manifest_lists_every_shipped_file_with_its_hash():
         assert entry["command"], path
     # the shipped-checkpoint budget; Gemma-derived files (loaded only with the gemma extra) have their own
     gemma = sum(e["bytes"] for path, e in entries.items() if path.startswith("gemma/"))
-    assert sum(e["bytes"] for e in entries.values()) - gemma <= 60_100_000  # 60 MB and the speech corpus' durations
+    # 60 MB, the speech corpus' durations and the code target's Kangaroo adapters (2 x 1.2 MB, assets/code/kangaroo)
+    assert sum(e["bytes"] for e in entries.values()) - gemma <= 62_600_000
     assert gemma <= 13_000_000

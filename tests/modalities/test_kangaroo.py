@@ -1,0 +1,285 @@
+"""Kangaroo self-speculation (modalities/drafters/kangaroo.py) on a tiny random Llama with a random adapter: the
+served self-draft computes the adapter's law, greedy output equals plain decoding token for token, sampled output
+follows the target (chi-square), the chain rule with the adapter's confidence-stopped law is exact by enumeration,
+and deliberately wrong variants (the draft's law leaking into what is committed; a draft cache never rolled back)
+fail the same tests. Also: the errors where no adapter fits, `auto` leaving kangaroo out, and a two-step resumable
+training run."""
+
+import itertools
+
+import pytest
+import torch
+
+from tiny_models import HFTable, save_tiny
+from specgen.errors import InvalidRequest, ModelNotFound
+from specgen.modalities.drafters.kangaroo import (AdapterConfig, KangarooAdapter, KangarooDrafter, adapter_path,
+                                                  find_adapter)
+from specgen.modalities.pipeline import servable
+from specgen.modalities.text.generator import TextGenerator, load_causal_lm
+from specgen.modalities.text.training.distill.windows import model_sha256
+from specgen.modalities.text.training.kangaroo import draft_logits
+from specgen.samplers.acceptance import ChainRejection
+from specgen.samplers.chisquare import goodness_of_fit
+from specgen.samplers.oracle import exact_output, max_abs_diff, target_joint
+from specgen.samplers.processing import Processing
+from specgen.samplers.registry import get_method
+from specgen.samplers.types import Decisions, Draft
+
+EXIT = 1
+PROMPT = "abc abc abc (x"
+
+
+def random_adapter(model, folder, seed=3, scale=0.05):
+    """An adapter at EXIT started from the target's next layer, its weights perturbed (so its law is neither the
+    target's nor uniform), saved where the target's adapters are looked up."""
+    config = AdapterConfig.for_target(model, EXIT, target_sha256=model_sha256(folder))
+    adapter = KangarooAdapter.from_target(model, config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in adapter.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=generator))
+    adapter.save(adapter_path(folder / "kangaroo", EXIT), {"heldout": {"greedy_agreement": 0.5}})
+    return KangarooAdapter.load(adapter_path(folder / "kangaroo", EXIT))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("kangaroo") / "target"
+    save_tiny(folder, 0, layers=3, hidden=32, wide=True)
+    model = load_causal_lm(str(folder))
+    return folder, model, random_adapter(model, folder)
+
+
+@pytest.fixture(scope="module")
+def generator(tiny):
+    return TextGenerator(str(tiny[0]))
+
+
+class AdapterLaw:
+    """The self-draft's logits computed the reference way (transformers' layers, then the adapter module), as
+    `lm.logits(context)` for the oracle."""
+
+    def __init__(self, model, adapter):
+        self.model, self.adapter = model, adapter
+
+    @torch.no_grad()
+    def logits(self, context):
+        hidden = self.model.model(input_ids=torch.tensor([list(context)]), output_hidden_states=True).hidden_states
+        return draft_logits(self.model, self.adapter, hidden[EXIT])[0, -1].double()
+
+
+class Recorder:
+    """Wraps a drafter; keeps (context, draft) of every proposal."""
+
+    def __init__(self, drafter):
+        self.drafter, self.seen = drafter, []
+
+    def propose(self, ctx, budget):
+        draft = self.drafter.propose(ctx, budget)
+        self.seen.append(([t.tolist() for t in ctx.tokens], draft))
+        return draft
+
+    def observe(self, verdict):
+        self.drafter.observe(verdict)
+
+
+def law_errors(generator, tiny, drafter=None, **options):
+    """Largest gap between every reported draft law of a run and the adapter's law at that context."""
+    folder, model, adapter = tiny
+    pipeline = generator.pipeline("kangaroo", [generator.encode(PROMPT)], max_new_tokens=24,
+                                  params={"confidence": 0.0, "num_draft_tokens": 4}, sampling=options)
+    recorder = Recorder(drafter or pipeline.drafter)
+    pipeline.drafter = recorder
+    list(pipeline.run([generator.encode(PROMPT)] * 2))
+    reference, worst = AdapterLaw(model, adapter), 0.0
+    for contexts, draft in recorder.seen:
+        for row, context in enumerate(contexts):
+            for slot in range(int(draft.drafted()[row])):
+                law = pipeline.processing(reference.logits(context + draft.tokens[row, :slot].tolist()))
+                worst = max(worst, float((draft.draft_probs[row, slot].double() - law).abs().max()))
+    return worst
+
+
+class NoRollback(KangarooDrafter):
+    """Bug: keeps the KV of rejected drafts (the cache is never cut back to the committed prefix)."""
+
+    def _catch_up(self, ctx):
+        lengths = self.engine.cache.lengths.clone()
+        backlog = super()._catch_up(ctx)
+        self.engine.cache.lengths.copy_(torch.maximum(lengths, self.engine.cache.lengths))
+        return backlog
+
+
+class LeakyRule(ChainRejection):
+    """Bug: the draft's law stands in for the target's at the drafted slots (every drafted token is committed)."""
+
+    def decision_probs(self, draft, target_probs):
+        decided = super().decision_probs(draft, target_probs)
+        return Decisions((torch.arange(draft.length) < draft.drafted()[:, None]).double(), decided.emit_probs)
+
+    def __call__(self, draft, target_probs, noise):
+        if draft.draft_probs is None:  # nothing drafted (the loop's last step)
+            return super().__call__(draft, target_probs, noise)
+        leaked = target_probs.clone()
+        leaked[:, :draft.length] = draft.dense_draft_probs(target_probs.shape[-1])
+        return super().__call__(draft, leaked, noise)
+
+
+# ---- the served self-draft ----------------------------------------------------------------------------------------
+
+
+def test_served_self_draft_is_the_adapters_law(generator, tiny):
+    """Every law the drafter reports is the adapter's law at that context (cache, rollback and runner included)."""
+    assert law_errors(generator, tiny) < 1e-4
+    assert law_errors(generator, tiny, temperature=1.0, top_k=4) < 1e-4
+
+
+def test_a_draft_cache_that_is_never_rolled_back_is_caught(generator, tiny):
+    folder, model, adapter = tiny
+    wrong = NoRollback(model, adapter, Processing(temperature=0), capacity=512)  # stale slots pile up
+    assert law_errors(generator, tiny, drafter=wrong) > 1e-3
+
+
+def test_self_draft_shares_the_targets_weights(tiny):
+    folder, model, adapter = tiny
+    runner = KangarooDrafter(model, adapter, Processing()).engine.runner
+    assert len(runner.layers) == EXIT + 1
+    assert runner.embed.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert runner.lm_head.data_ptr() == model.lm_head.weight.data_ptr()
+
+
+# ---- exactness ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("params", [{}, {"confidence": 0.0, "num_draft_tokens": 8}, {"confidence": 0.9}])
+def test_greedy_kangaroo_equals_plain_decoding(generator, params):
+    plain = generator.generate(PROMPT, method="ar", max_new_tokens=40)
+    spec = generator.generate(PROMPT, method="kangaroo", max_new_tokens=40, **params)
+    assert spec.tokens == plain.tokens and spec.stats["lossless"]
+    batch = generator.generate(PROMPT, method="kangaroo", max_new_tokens=40, num_samples=2, **params)
+    assert all(s["tokens"] == plain.tokens for s in batch.samples)
+
+
+def test_greedy_drafts_are_accepted_and_stop_by_confidence(generator):
+    never = generator.generate(PROMPT, method="kangaroo", max_new_tokens=40, confidence=0.0, num_draft_tokens=4)
+    often = generator.generate(PROMPT, method="kangaroo", max_new_tokens=40, confidence=0.9, num_draft_tokens=4)
+    assert never.stats["accepted"] > 0  # the test exercises acceptance, not only recovery
+    assert never.stats["mean_draft_length"] > often.stats["mean_draft_length"]
+
+
+def sampled_fit(generator, rule=None):
+    processing = Processing(temperature=1.0, top_k=4)  # few cells: a strong test with few samples
+    pipeline = generator.pipeline("kangaroo", [generator.encode("ab")], max_new_tokens=3,
+                                  sampling={"temperature": 1.0, "top_k": 4}, params={"confidence": 0.2})
+    if rule is not None:
+        pipeline.rule = rule
+    result = pipeline.generate([generator.encode("ab")] * 2000, seed=11)
+    expected = target_joint(HFTable(generator.model), processing, generator.encode("ab").tolist(), 3)
+    return goodness_of_fit([tuple(t) for t in result.tokens], expected), result.stats
+
+
+def test_sampled_kangaroo_follows_the_target(generator):
+    fit, stats = sampled_fit(generator)
+    assert fit.p_value > 1e-4, fit
+    assert stats["tau"] > 1.05  # drafts are accepted
+
+
+def test_the_drafts_law_leaking_into_the_output_fails_the_same_test(generator):
+    fit, _ = sampled_fit(generator, LeakyRule())
+    assert fit.p_value < 1e-6, fit
+
+
+def stopped_chain_proposals(law, plain_law, prefix, k, threshold):
+    """Every chain the self-draft could propose after `prefix` with its probability: tokens drawn from `law`, the
+    chain cut before a token whose plain (temperature 1) law has top-1 probability below `threshold`."""
+    def grow(context, tokens, laws, prob):
+        stop = len(tokens) == k or (tokens and float(plain_law(context).max()) < threshold)
+        if stop:
+            padded = tokens + [0] * (k - len(tokens))
+            probs = laws + [laws[-1]] * (k - len(laws))
+            yield prob, Draft(torch.tensor([padded]), torch.stack(probs)[None], num_drafted=torch.tensor([len(tokens)]))
+            return
+        current = law(context)
+        for token in current.nonzero().flatten().tolist():
+            yield from grow(context + [token], tokens + [token], laws + [current], prob * float(current[token]))
+
+    yield from grow(list(prefix), [], [], 1.0)
+
+
+def memo(fn):
+    cache = {}
+
+    def at(context):
+        key = tuple(context)
+        if key not in cache:
+            cache[key] = fn(context)
+        return cache[key]
+
+    return at
+
+
+@pytest.mark.parametrize("rule,exact", [(ChainRejection(), True), (LeakyRule(), False)])
+def test_the_chain_rule_with_the_adapters_stopped_law_is_exact(tiny, rule, exact):
+    folder, model, adapter = tiny
+    processing = Processing(temperature=1.0, top_k=2)  # a small support keeps the enumeration short
+    target = HFTable(model)
+    draft = AdapterLaw(model, adapter)
+    law = memo(lambda c: processing(draft.logits(c)))
+    plain = memo(lambda c: draft.logits(c).softmax(-1))
+    prompt = (0, 2, 3)
+    # the median top-1 probability over the first two drafted levels: chains stop at every depth
+    levels = [list(prompt) + [t] for t in law(prompt).nonzero().flatten().tolist()]
+    levels += [c + [t] for c in levels for t in law(c).nonzero().flatten().tolist()]
+    threshold = sorted(float(plain(c).max()) for c in levels)[len(levels) // 2]
+    proposals = lambda prefix: stopped_chain_proposals(law, plain, prefix, 3, threshold)
+    drafted = {int(p.drafted()[0]) for _, p in itertools.islice(proposals(prompt), 64)}
+    assert len(drafted) > 1  # ragged chains are enumerated
+    out = exact_output(target, processing, rule, proposals, prompt, 3)
+    gap = max_abs_diff(out, target_joint(target, processing, prompt, 3))
+    assert gap < 1e-9 if exact else gap > 1e-3
+
+
+# ---- where it is served ----------------------------------------------------------------------------------------------
+
+
+def test_a_target_without_an_adapter_is_refused(tmp_path, tiny):
+    folder = tmp_path / "other"
+    save_tiny(folder, 5, layers=3, hidden=32)
+    other = TextGenerator(str(folder))
+    with pytest.raises(ModelNotFound, match="train adapter"):
+        other.generate("ab", method="kangaroo", max_new_tokens=2)
+    spec = get_method("text", "kangaroo")
+    assert not servable(other, spec) and servable(TextGenerator(str(tiny[0])), spec)  # bench's default set
+    # an adapter trained for another target is not this one's
+    (folder / "kangaroo").mkdir()
+    adapter_path(folder / "kangaroo", EXIT).hardlink_to(adapter_path(tiny[0] / "kangaroo", EXIT))
+    with pytest.raises(ModelNotFound):
+        find_adapter(str(folder))
+    with pytest.raises(InvalidRequest, match="exit_layer 2"):
+        find_adapter(str(tiny[0]), 2)
+    assert find_adapter(str(tiny[0])) == find_adapter(str(tiny[0]), EXIT)
+
+
+def test_auto_leaves_kangaroo_to_explicit_requests(generator):
+    from specgen.modalities.auto import candidate_names
+
+    assert "kangaroo" not in candidate_names(generator, {})
+
+
+# ---- training -------------------------------------------------------------------------------------------------------
+
+
+def test_two_training_steps_export_an_adapter_that_serves_and_resume(tmp_path, tiny):
+    from specgen.modalities.text.training.kangaroo import KangarooConfig, train_adapter
+
+    folder = tiny[0]
+    cfg = KangarooConfig(run_dir=str(tmp_path / "run"), out=str(tmp_path / "export"), target=str(folder),
+                         exit_layer=2, steps=2, batch_size=2, windows=4, prompt_len=4, new_tokens=4, eval_windows=2,
+                         max_files=2, cache_dir=str(tmp_path / "cache"), warmup=1)
+    summary = train_adapter(cfg, say=lambda text: None)
+    assert summary["steps"] == 2 and summary["heldout"]["positions"] == 2 * 4
+    assert (tmp_path / "export" / "README.md").read_text().count("adapter-exit2") >= 2
+    again = train_adapter(cfg, say=lambda text: None)  # the finished checkpoint: nothing left to do
+    assert again["steps"] == 2 and again["resumed_from"] == [2]
+    adapter = KangarooAdapter.load(tmp_path / "export" / "adapter-exit2.safetensors")
+    assert adapter.config.exit_layer == 2 and adapter.config.target_sha256 == model_sha256(folder)
