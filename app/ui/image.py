@@ -140,7 +140,8 @@ def stream_image(generator, prompt, method, spec, compare, knobs, options):
     if compare and spec.drafter is not None:
         yield (image, stats_markdown(summary, method=method, running=True, note=COMPARING_NOTE),
                acceptance_frame(summary["per_position_acceptance"]), jsonable(summary))
-        compared = compare_with_plain(generator, prompt, options, tokens, busy[0])
+        compared = compare_with_plain(generator, prompt, options, tokens, busy[0],
+                                      again=lambda: generator.stream(prompt, method=method, **options, **knobs))
         summary = {**summary, **compared}
     elif compare:
         note = PLAIN_NOTE

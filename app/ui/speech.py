@@ -8,9 +8,9 @@ import time
 
 from specgen.app import request_options
 from specgen.app.ui.models import LazyGenerator, warm_default_paths
-from specgen.app.ui.widgets import (PLAIN_NOTE, LiveStats, acceptance_frame, acceptance_plot, check_option,
-                                    compare_with_plain, jsonable, method_params, option_widget, run_controls,
-                                    shown_in_ui, stats_json, stats_markdown, timed)
+from specgen.app.ui.widgets import (COMPARING_NOTE, PLAIN_NOTE, LiveStats, acceptance_frame, acceptance_plot,
+                                    check_option, compare_with_plain, jsonable, method_params, option_widget,
+                                    run_controls, shown_in_ui, stats_json, stats_markdown, timed)
 from specgen.errors import SpecgenError
 from specgen.samplers import registry
 
@@ -92,8 +92,11 @@ def stream_speech(generator, text, method, spec, compare, knobs, options):
                             ar_step_s=generator.measure_step_s(text, options["voice"]))
     audio = (generator.sample_rate, generator.decode(generator.vocab.acoustic(tokens)))
     compared, note = None, ""
-    if compare and spec.drafter is not None:
-        compared = compare_with_plain(generator, text, options, tokens, busy[0])
+    if compare and spec.drafter is not None:  # the statistics first, then the comparison's runs
+        yield (None, stats_markdown(summary, method=method, running=True, note=COMPARING_NOTE),
+               acceptance_frame(summary["per_position_acceptance"]), jsonable(summary))
+        compared = compare_with_plain(generator, text, options, tokens, busy[0],
+                                      again=lambda: generator.stream(text, method=method, **options, **knobs))
         summary = {**summary, **compared}
     elif compare:
         note = PLAIN_NOTE
