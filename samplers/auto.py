@@ -276,6 +276,8 @@ class AutoDrafter:
             if cand.shadow or cand.stateful or name == current:
                 continue
             self._probe_credit[name] += 1
+            if self._probe_credit[name] < self._probe_gap[name]:  # not due at any cost: skip the estimates below
+                continue
             # the optimism decides whether to look, not how far: at the length the point estimate would run (an
             # optimistic length drafts the longest chain: on Gemma 3 270M one probe of 16 drafts verified a
             # 17-slot window, 134 ms against a step's 37). A probe dearer than the current step waits that many

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -89,9 +90,9 @@ def compare_with_plain(generator, prompt: str, options: dict, tokens: list[int],
         plain_tokens, plain_s = _quietly(generator.stream(prompt, method="ar", **options))
         ratios.append(_ratio(method_tokens, method_s, plain_tokens, plain_s))
         spent += method_s + plain_s
-    known = sorted(r for r in ratios if r is not None)
+    known = [r for r in ratios if r is not None]
     return {"ar_tokens_per_s": len(ar_tokens) / ar_s if ar_s > 0 else None, "ar_wall_s": ar_s,
-            "speedup_vs_ar": _median(known) if known else None, "speedup_runs": len(known),
+            "speedup_vs_ar": statistics.median(known) if known else None, "speedup_runs": len(known),
             "identical_to_ar": (ar_tokens == tokens) if options.get("temperature") == 0 else None}
 
 
@@ -109,11 +110,6 @@ def _ratio(tokens: list[int], seconds: float, ar_tokens: list[int], ar_seconds: 
     if seconds <= 0 or ar_seconds <= 0 or not ar_tokens:
         return None
     return (len(tokens) / seconds) / (len(ar_tokens) / ar_seconds)
-
-
-def _median(values: list[float]) -> float:
-    middle = len(values) // 2
-    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
 
 
 def shown_in_ui(gr, what: str, updates):
