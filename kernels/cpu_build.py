@@ -12,12 +12,14 @@ import hashlib
 import logging
 import platform
 import shutil
+import time
 from pathlib import Path
 
 from specgen import settings
 
 log = logging.getLogger(__name__)
 CSRC = Path(__file__).resolve().with_name("csrc")
+STALE_LOCK_S = 300.0  # a kernel builds in about 30 s; a lock this old was left by a build that was killed
 
 
 def cpu_flags() -> set[str]:
@@ -50,6 +52,39 @@ def source(*files: str) -> str:
     return "".join((CSRC / name).read_text(encoding="utf-8") for name in files)
 
 
+def extension_name(prefix: str, files: tuple[str, ...]) -> str:
+    """`prefix` and a hash of the sources, the headers and the flags: a new name, so a new build, when one changes."""
+    headers = "".join(h.read_text(encoding="utf-8") for h in sorted(CSRC.glob("*.h")))
+    digest = hashlib.sha256((source(*files) + headers + " ".join(compile_flags())).encode()).hexdigest()[:12]
+    return prefix + digest
+
+
+def build_dir(name: str) -> Path | None:
+    """torch's build folder for extension `name` (made if missing), or None where this torch does not say."""
+    from torch.utils import cpp_extension
+
+    where = getattr(cpp_extension, "_get_build_directory", None)
+    return Path(where(name, False)) if where is not None else None
+
+
+def clear_stale_lock(folder: Path, older_than_s: float = STALE_LOCK_S) -> bool:
+    """Remove the `lock` file a killed build left in `folder`; True where one was removed.
+
+    torch takes that lock for every load, even of a built extension, and waits on it without end: one build killed
+    mid-way (Ctrl-C twice, a closed terminal, a timeout's SIGKILL) would make every later import hang. A build
+    still running elsewhere holds a fresh lock, which stays."""
+    lock = folder / "lock"
+    try:
+        age_s = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age_s < older_than_s:
+        return False
+    log.warning("removing a stale build lock (%.0f s old): %s", age_s, lock)
+    lock.unlink(missing_ok=True)
+    return True
+
+
 def build(prefix: str, files: tuple[str, ...], functions: list[str], switch: str, what: str, fallback: str):
     """The extension built from csrc/`files` exposing `functions`, or None where it cannot be built here or the
     setting `switch` is "off" (the caller then takes its torch path, `fallback`)."""
@@ -60,8 +95,10 @@ def build(prefix: str, files: tuple[str, ...], functions: list[str], switch: str
 
         flags = compile_flags()
         text = source(*files)
-        headers = "".join(h.read_text(encoding="utf-8") for h in sorted(CSRC.glob("*.h")))
-        name = prefix + hashlib.sha256((text + headers + " ".join(flags)).encode()).hexdigest()[:12]
+        name = extension_name(prefix, files)
+        folder = build_dir(name)
+        if folder is not None:
+            clear_stale_lock(folder)
         log.info("building the %s CPU kernel once (about 30 s)", what)
         return load_inline(name, cpp_sources=text, functions=functions, extra_cflags=flags,
                            extra_include_paths=[str(CSRC)], verbose=False)

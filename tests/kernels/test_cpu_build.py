@@ -1,0 +1,42 @@
+"""A build killed mid-way leaves torch's lock file behind, and torch then waits on it at every later load: the
+builder removes a lock older than any build takes, and leaves a fresh one (a build running elsewhere) alone."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from specgen.kernels import cpu_build
+
+
+def test_only_an_old_lock_is_removed(tmp_path):
+    assert cpu_build.clear_stale_lock(tmp_path) is False  # no lock: nothing to do
+    lock = tmp_path / "lock"
+    lock.touch()
+    assert cpu_build.clear_stale_lock(tmp_path) is False and lock.exists()  # a build running now
+    old = time.time() - cpu_build.STALE_LOCK_S - 5
+    os.utime(lock, (old, old))
+    assert cpu_build.clear_stale_lock(tmp_path) is True and not lock.exists()
+
+
+@pytest.mark.skipif(not cpu_build.buildable(), reason="no C++ compiler/ninja or no AVX2/FMA here")
+def test_a_kernel_loads_past_a_lock_a_killed_build_left(tmp_path):
+    """The folder torch builds the attention kernel in gets a day-old lock; a new process still loads the kernel
+    (before the fix it waited forever, which hung test collection)."""
+    name = cpu_build.extension_name("specgen_query_attention_", ("query_attention.cpp",))
+    lock = cpu_build.build_dir(name) / "lock"
+    lock.touch()
+    day_ago = time.time() - 86_400
+    os.utime(lock, (day_ago, day_ago))
+    try:
+        code = "from specgen.kernels import query_attention; print(query_attention.available())"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    finally:
+        if lock.exists() and lock.stat().st_mtime < day_ago + 10:
+            lock.unlink()
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "True" and "stale build lock" in out.stderr
