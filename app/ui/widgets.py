@@ -68,7 +68,7 @@ def timed(iterator):
     return gen(), busy
 
 
-COMPARE_S = 2.0  # short requests are compared again until this much time has gone into the comparison
+COMPARE_S = 3.0  # short requests are compared again until this much time has gone into the comparison
 COMPARE_RUNS = 3  # at most this many ratios
 
 

@@ -67,23 +67,23 @@ class SpokenInOrder:
     vocab: SpeechVocab
 
     def routes(self, context: torch.Tensor, continuation) -> torch.Tensor:
-        v = self.vocab
-        ids = torch.as_tensor(context).tolist()
-        boa = ids.index(v.boa)
-        text = ids[2:boa]  # [BOS, voice, characters..., BOA]
-        spoken = sum(t >= v.char_base for t in ids[boa + 1:])
-        last = ids[-1]
+        v, char_base = self.vocab, self.vocab.char_base
+        ids = torch.as_tensor(context)
+        boa = int((ids == v.boa).nonzero()[0, 0])  # one tensor scan per step, not a Python pass over the context
+        text = ids[2:boa].tolist()  # [BOS, voice, characters..., BOA]
+        spoken = int((ids[boa + 1:] >= char_base).sum())
+        last = int(ids[-1])
         rows = []
         for i in range(len(continuation) + 1):
             if last == v.boa:
                 rows.append(torch.full((v.vocab_size,), text[0]))  # the first character is certain
-            elif last >= v.char_base:
+            elif last >= char_base:
                 rows.append(self._frames)
             else:  # after a frame: staying, or moving on to the next character (EOS after the last)
                 rows.append(self._frames.masked_fill(self._onward, text[spoken] if spoken < len(text) else v.eos))
             if i < len(continuation):
                 last = int(continuation[i])
-                spoken += last >= v.char_base
+                spoken += last >= char_base
         return torch.stack(rows)
 
     @cached_property

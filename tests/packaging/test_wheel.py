@@ -71,6 +71,8 @@ def test_the_installed_wheel_finds_its_own_models(installed, tmp_path):
     assert Path(out[0]) == installed / "specgen" / "assets" and Path(out[1]).is_relative_to(installed)
 
 
+@pytest.mark.skipif(os.environ.get("SPECGEN_WHEEL_GENERATES_IN_CI") == "1",
+                    reason=".ci/run's step 2 generates with the installed wheel in a new environment")
 def test_the_installed_wheel_generates_text_an_image_and_speech(installed, tmp_path):
     code = installed / "specgen" / "assets" / "code"
     text = _specgen(installed, tmp_path, "generate", "text", "--prompt", "def add(a, b):", "--max-new-tokens", "12",
