@@ -121,6 +121,9 @@ class AutoDrafter:
     """Runs one candidate per step (or none: plain decoding) and re-decides after each verdict."""
 
     PRIOR_WEIGHT = 4.0  # pseudo-observations behind each prior
+    # the least (and, inverted, the most) the other candidates' evidence scales a prior by: drafters of one request
+    # fare alike (a hard prompt is hard for each), but not exactly alike
+    DIFFICULTY_FLOOR = 0.5
     PROBE_EVERY = 8  # steps between probes of a model drafter not running, growing by PROBE_GROWTH after each
     PROBE_GROWTH = 1.5
 
@@ -171,11 +174,41 @@ class AutoDrafter:
 
     # ---- the cost model ----------------------------------------------------------------------------------------
 
+    def difficulty(self, name: str) -> float:
+        """How this request fares against the priors, from the candidates other than `name` that have run: the
+        tokens they had accepted over those their priors predicted for the same drafts, shrunk to 1 by
+        PRIOR_WEIGHT pseudo-tokens and kept within [DIFFICULTY_FLOOR, 1 / DIFFICULTY_FLOOR]. It scales `name`'s
+        prior: without it a candidate that has not run keeps the calibration prompts' optimism while the running
+        one meets this prompt, and a hard prompt walks `auto` from one untried method to the next (on the code
+        pair: draft, then draft-lookup, then stand, then sequoia, each for a few steps). Shadowed candidates are
+        left out both ways: their priors already come from this prompt."""
+        seen = expected = 0.0
+        for other, cand in self.candidates.items():
+            est = self.estimates[other]
+            if other == name or cand.shadow or est.steps == 0:
+                continue
+            if cand.by_tau:
+                seen += est.committed - est.steps  # tokens beyond the one every step commits
+                expected += (self._prior_tau(cand) - 1.0) * est.steps
+            else:
+                seen += sum(est.accepted_at)
+                expected += cand.prior_alpha * sum(est.tested_at)
+        ratio = (seen + self.weight) / (expected + self.weight)
+        return min(max(ratio, self.DIFFICULTY_FLOOR), 1.0 / self.DIFFICULTY_FLOOR)
+
+    @staticmethod
+    def _prior_tau(cand: Candidate) -> float:
+        return cand.prior_tau if cand.prior_tau is not None else 1.0 + cand.prior_alpha
+
+    def prior_alpha(self, name: str) -> float:
+        cand = self.candidates[name]
+        return cand.prior_alpha if cand.shadow else min(cand.prior_alpha * self.difficulty(name), 0.99)
+
     def alphas(self, name: str, depth: int) -> list[float]:
         """Acceptance per draft position 1..depth, each shrunk towards the candidate's pooled estimate, which is
-        shrunk towards its prior."""
-        cand, est = self.candidates[name], self.estimates[name]
-        pooled = (sum(est.accepted_at) + self.weight * cand.prior_alpha) / (sum(est.tested_at) + self.weight)
+        shrunk towards its prior (scaled by the request's difficulty)."""
+        est = self.estimates[name]
+        pooled = (sum(est.accepted_at) + self.weight * self.prior_alpha(name)) / (sum(est.tested_at) + self.weight)
         out = []
         for d in range(depth):
             tested = est.tested_at[d] if d < len(est.tested_at) else 0
@@ -194,7 +227,7 @@ class AutoDrafter:
         """E(g) for g = 0..depth (a tree: its tau at every index)."""
         cand, est = self.candidates[name], self.estimates[name]
         if cand.by_tau:
-            prior = cand.prior_tau if cand.prior_tau is not None else 1.0 + cand.prior_alpha
+            prior = 1.0 + (self._prior_tau(cand) - 1.0) * self.difficulty(name)
             weight = self.weight * (4 if cand.stateful else 1)  # a cold window's first steps undersell it
             tau = (est.committed + weight * prior) / (est.steps + weight)
             return [tau + (1.0 / math.sqrt(est.steps + 1) if optimistic else 0.0)] * (depth + 1)

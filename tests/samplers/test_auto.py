@@ -94,6 +94,36 @@ def test_auto_switches_away_from_a_drafter_that_is_rejected():
     assert set(auto.timeline[-1]["predicted"]) == {PLAIN, "a", "b"}
 
 
+def test_a_candidate_that_has_not_run_shares_the_requests_difficulty():
+    """A prompt on which the running drafter is rejected is hard for the others too: their priors are scaled by
+    the accepted-to-predicted ratio of what ran (within the floor), the shadowed candidate's is not, and an easy
+    prompt raises them."""
+    costs = Costs({1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6}, {"a": (0.0, 0.05), "b": (0.0, 0.05)})
+    a = Candidate("a", None, None, (1, 2, 3), prior_alpha=0.8)
+    b = Candidate("b", None, None, (1, 2, 3), prior_alpha=0.8)
+    tree = Candidate("tree", None, None, (2,), nodes=4, prior_tau=3.0)
+    look = Candidate("look", None, None, (1, 2, 3), prior_alpha=0.6, shadow=True)
+    auto = AutoDrafter([a, b, tree, look], costs)
+    fresh = auto.predictions()["b"]["predicted_speedup"]
+    assert auto.difficulty("b") == pytest.approx(1.0) and auto.prior_alpha("b") == pytest.approx(0.8)
+    for _ in range(3):  # a: 3 drafted, the second rejected (1 of 2 tested accepted; the prior predicted 1.6)
+        auto.estimates["a"].record(3, 1, True)
+    hard = (3 + auto.weight) / (3 * 1.6 + auto.weight)
+    assert auto.difficulty("b") == pytest.approx(hard) and auto.prior_alpha("b") == pytest.approx(0.8 * hard)
+    assert auto.difficulty("a") == 1.0  # its own evidence counts once, in its own estimate
+    assert auto.prior_alpha("look") == 0.6  # shadowed: its prior comes from this prompt already
+    assert auto.predictions()["b"]["predicted_speedup"] < fresh
+    assert auto.expected_tokens("tree", 2) == pytest.approx(1.0 + 2.0 * hard)
+    for _ in range(200):  # hopeless: the floor
+        auto.estimates["a"].record(3, 0, True)
+    assert auto.difficulty("b") == AutoDrafter.DIFFICULTY_FLOOR
+    easy = AutoDrafter([a, b, tree, look], costs)
+    for _ in range(200):
+        easy.estimates["a"].record(3, 3, False)
+    assert easy.difficulty("b") == pytest.approx((600 + easy.weight) / (480 + easy.weight))
+    assert easy.prior_alpha("b") == 0.99  # 0.8 * 1.25, kept below 1
+
+
 def test_hysteresis_keeps_the_choice_within_the_margin():
     costs = Costs({1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6}, {"a": (0.0, 0.05), "b": (0.0, 0.05)})
     a = Candidate("a", None, None, (2,), prior_alpha=0.6)
