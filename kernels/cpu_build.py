@@ -52,11 +52,11 @@ def source(*files: str) -> str:
     return "".join((CSRC / name).read_text(encoding="utf-8") for name in files)
 
 
-def extension_name(prefix: str, files: tuple[str, ...]) -> str:
-    """`prefix` and a hash of the sources, the headers and the flags: a new name, so a new build, when one changes."""
+def extension_name(prefix: str, text: str, flags: list[str]) -> str:
+    """`prefix` and a hash of the source `text`, the headers and the compile `flags`: a new name, so a new build,
+    when one changes."""
     headers = "".join(h.read_text(encoding="utf-8") for h in sorted(CSRC.glob("*.h")))
-    digest = hashlib.sha256((source(*files) + headers + " ".join(compile_flags())).encode()).hexdigest()[:12]
-    return prefix + digest
+    return prefix + hashlib.sha256((text + headers + " ".join(flags)).encode()).hexdigest()[:12]
 
 
 def build_dir(name: str) -> Path | None:
@@ -95,7 +95,7 @@ def build(prefix: str, files: tuple[str, ...], functions: list[str], switch: str
 
         flags = compile_flags()
         text = source(*files)
-        name = extension_name(prefix, files)
+        name = extension_name(prefix, text, flags)
         folder = build_dir(name)
         if folder is not None:
             clear_stale_lock(folder)

@@ -27,7 +27,8 @@ def test_only_an_old_lock_is_removed(tmp_path):
 def test_a_kernel_loads_past_a_lock_a_killed_build_left(tmp_path):
     """The folder torch builds the attention kernel in gets a day-old lock; a new process still loads the kernel
     (before the fix it waited forever, which hung test collection)."""
-    name = cpu_build.extension_name("specgen_query_attention_", ("query_attention.cpp",))
+    name = cpu_build.extension_name("specgen_query_attention_", cpu_build.source("query_attention.cpp"),
+                                    cpu_build.compile_flags())
     lock = cpu_build.build_dir(name) / "lock"
     lock.touch()
     day_ago = time.time() - 86_400
