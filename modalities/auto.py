@@ -12,7 +12,7 @@ import torch
 
 from specgen.errors import SpecgenError
 from specgen.modalities import calibration
-from specgen.modalities.pipeline import make_drafter
+from specgen.modalities.pipeline import make_drafter, servable
 from specgen.samplers import loop
 from specgen.samplers.acceptance import make_rule
 from specgen.samplers.auto import AutoDrafter, AutoPolicy, AutoRule, Candidate, chain_lengths
@@ -36,10 +36,11 @@ def candidate_names(generator, knobs: dict) -> list[str]:
         for name in names:
             get_method(generator.modality, name)  # unknown names are refused
         return [n for n in names if n not in ("ar", "auto")]
-    # a method that reads a datastore joins only when named: building one is minutes, not part of a request
+    # a method that reads a datastore joins only when named: building one is minutes, not part of a request; one
+    # that needs a trained head or adapter joins where the target has one
     return [s.name for s in all_methods() if s.modality == generator.modality and s.lossless
             and s.drafter not in (None, "auto", *EVERY_STEP) and s.policy == "fixed"
-            and not any(k.name == "datastore" for k in s.knobs)]
+            and not any(k.name == "datastore" for k in s.knobs) and servable(generator, s)]
 
 
 def _lengths(generator, spec, knobs: dict, policy) -> tuple[int, ...]:

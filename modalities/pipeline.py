@@ -171,6 +171,10 @@ def make_drafter(generator: Generator, spec: MethodSpec, knobs: dict, processing
         from specgen.modalities.drafters.kangaroo import build_drafter
 
         return build_drafter(generator, knobs, processing, policy)
+    if spec.drafter == "eagle":
+        from specgen.modalities.drafters.eagle import build_drafter as build_eagle
+
+        return build_eagle(generator, knobs, processing, policy, engine)
     return generator.drafter(spec, knobs, processing, policy, engine)
 
 
@@ -181,6 +185,10 @@ def servable(generator: Generator, spec: MethodSpec) -> bool:
         from specgen.modalities.drafters.kangaroo import has_adapter
 
         return has_adapter(getattr(generator, "model_path", ""))
+    if spec.drafter == "eagle":
+        from specgen.modalities.drafters.eagle import has_head
+
+        return has_head(getattr(generator, "model_path", ""))
     return True
 
 

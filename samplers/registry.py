@@ -306,6 +306,18 @@ register(MethodSpec("kangaroo", "text", True,
                                 "probability is below this (0: never; the paper's code uses 0.6)", 0.0, 1.0))))
 
 
+# EAGLE for text (modalities/drafters/eagle.py, docs/eagle.md): a one-layer head over the target's own features;
+# served only where a head was trained for the target (`specgen train head --method eagle`). Registered after
+# kangaroo for the same reason (the demo's positional API).
+register(MethodSpec("eagle", "text", True,
+                    "EAGLE: a one-layer head over the target's own last hidden states (kept while it verifies) and "
+                    "the next token's embedding predicts the target's next feature; the target's output rows (a "
+                    "reduced set for large vocabularies) turn it into a chain; exact rejection sampling (greedy "
+                    "match at temperature 0)",
+                    drafter="eagle", rule="chain", paper="Li et al. 2024, EAGLE (arXiv 2401.15077)",
+                    knobs=(NUM_DRAFT_TOKENS, LENGTH_SCHEDULE, *TETRIS_KNOBS)))
+
+
 # ---- image and video --------------------------------------------------------------------------
 WINDOW = Knob("window", int, 32, "Jacobi window L: tokens scored per step (the pending token and L-1 drafts)", 2, 256)
 JACOBI_INIT = ChoiceKnob("init", str, "random", "how empty window slots are drafted: 'random' (uniform over image "

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from specgen.app.cli.options import MAX_SEED, finite_float, int_at_least
 
-TRAINABLE = ("text", "draft", "adapter", "image", "image-head", "image-classifier", "speech")
+TRAINABLE = ("text", "draft", "adapter", "head", "image", "image-head", "image-classifier", "speech")
 
 
 def add_train_parser(commands, command) -> None:
@@ -19,7 +19,7 @@ def add_train_parser(commands, command) -> None:
     for what in TRAINABLE:
         p = command(kinds, what, f"train the {what} model", f"train {what}",
                     handler={"text": _train_text, "draft": _train_draft, "adapter": _train_adapter,
-                             "image": _train_image,
+                             "head": _train_head, "image": _train_image,
                              "image-head": _train_image_head, "image-classifier": _train_image_classifier,
                              "speech": _train_speech}[what])
         p.add_argument("--out", type=Path, metavar="DIR", help="checkpoint folder (resumed when it holds one)")
@@ -46,6 +46,8 @@ def add_train_parser(commands, command) -> None:
             _distill_options(p)
         if what == "adapter":
             _adapter_options(p)
+        if what == "head":
+            _head_options(p)
 
 
 def _distill_options(p: argparse.ArgumentParser) -> None:
@@ -107,6 +109,25 @@ def _adapter_options(p: argparse.ArgumentParser) -> None:
                    help="the first N corpus files only (quick checks)")
 
 
+def _head_options(p: argparse.ArgumentParser) -> None:
+    from dataclasses import fields
+
+    from specgen.modalities.text.training.eagle import EagleConfig
+
+    p.description = ("Train a draft head that reads the target's own features (EAGLE: one decoder layer over the "
+                     "token embedding and the target's last hidden state), on the target's features over its own "
+                     "greedy continuations and corpus text; resumable. docs/eagle.md")
+    p.add_argument("--method", choices=("eagle",), required=True, help="the feature drafter")
+    p.add_argument("--export", type=Path, metavar="DIR",
+                   help="where the head and its card go (default: OUT/export; the shipped ones are assets/code/eagle "
+                        "and assets/gemma/eagle)")
+    for field in fields(EagleConfig):
+        if field.name not in ("run_dir", "out", "seed", "steps", "threads", "checkpoint_minutes"):
+            default = field.default
+            p.add_argument(f"--{field.name.replace('_', '-')}", type=type(default), metavar=field.name.upper(),
+                           help=f"default: {default}")
+
+
 # ---- handlers: each builds its trainer's config from the parsed options in one way (the run folder from --out,
 # then the options given) and calls the trainer's one entry function -------------------------------------------
 
@@ -164,6 +185,19 @@ def _train_adapter(args: argparse.Namespace) -> int:
                          out=None if args.export is None else str(args.export), **options)
     return _report(train_adapter(cfg), "exit_layer", "params", "steps", "final_loss", "heldout_before", "heldout",
                    "train_s")
+
+
+def _train_head(args: argparse.Namespace) -> int:
+    """`train head --method eagle` (modalities/text/training/eagle.py)."""
+    from dataclasses import fields
+
+    from specgen.modalities.text.training.eagle import EagleConfig, train_eagle
+
+    options = _given(args, *(f.name for f in fields(EagleConfig) if f.name not in ("run_dir", "out")))
+    out = args.out or Path("runs") / "eagle"
+    cfg = EagleConfig(run_dir=str(out), out=str(args.export or out / "export"), **options)
+    return _report(train_eagle(cfg), "target", "params", "output_rows", "steps", "before", "after", "train_s",
+                   "data_s")
 
 
 def _train_image(args: argparse.Namespace) -> int:

@@ -134,6 +134,36 @@ class TransformersTarget:
         self.layer_types = sorted(set(layer_types))
         self.cache: PositionCache | None = None
         self.forward_calls = 0
+        # the final-normed hidden state of every cached token, position-indexed like the KV cache (`keep_features`)
+        self.features: torch.Tensor | None = None  # [batch, room, d]
+        self._keep_features = False
+
+    def keep_features(self) -> None:
+        """Keep the final-normed hidden state of every token the cache holds, at no extra forward: a prefill and
+        every commit store the features of the slots they keep, so `features[row, :cache.lengths[row]]` are always
+        the committed tokens' (but the pending one's), rolled back with the cache (an EAGLE head reads them)."""
+        if self.runner is None:
+            raise InvalidRequest("keeping features needs a Llama or Gemma 3 model (our runner computes them)")
+        self.runner.keep_hidden = self._keep_features = True
+
+    def _store_features(self, rows: torch.Tensor, kept: torch.Tensor) -> None:
+        """Write the last forward's hidden states of the `kept` slots [rows, n] after each row's cached tokens."""
+        hidden = self.runner.last_hidden  # [rows, n, d]
+        starts = self.cache.lengths[rows]
+        counts = kept.sum(-1)
+        need = int((starts + counts).max())
+        if self.features is None or self.features.shape[0] < self.cache.rows_total or self.features.shape[1] < need:
+            room = max(need, 64, 2 * (0 if self.features is None else self.features.shape[1]))
+            grown = hidden.new_zeros(self.cache.rows_total, min(room, self.capacity), hidden.shape[-1])
+            if self.features is not None:
+                grown[:self.features.shape[0], :self.features.shape[1]] = self.features
+            self.features = grown
+        order = torch.argsort((~kept).int(), dim=-1, stable=True)  # kept slot indices first, in slot order
+        valid = torch.arange(kept.shape[1]) < counts[:, None]
+        row_index = rows[:, None].expand_as(order)[valid]
+        slots = (starts[:, None] + torch.arange(kept.shape[1]))[valid]
+        source = torch.arange(len(rows))[:, None].expand_as(order)[valid]
+        self.features[row_index, slots] = hidden[source, order[valid]]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -166,6 +196,8 @@ class TransformersTarget:
         mask = torch.ones(width, width, dtype=torch.bool).tril() & valid[:, None, :]
         mask |= torch.eye(width, dtype=torch.bool)
         self._forward(tokens, positions, rows, mask, logits_to_keep=1)
+        if self._keep_features:
+            self._store_features(rows, valid)
         self.cache.commit(valid)
 
     def score(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
@@ -177,6 +209,8 @@ class TransformersTarget:
 
     def commit(self, kept: torch.Tensor, rows: torch.Tensor) -> None:
         self.cache.rows = rows
+        if self._keep_features:
+            self._store_features(rows, kept)
         self.cache.commit(kept)
 
     def _attends_causally(self) -> bool:

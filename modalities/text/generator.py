@@ -65,7 +65,7 @@ def default_method(model: str | None, draft: str | None) -> str:
 # 5fa71d4:benchmarks/draft-length-code-20261202T1506Z.md).
 # Verifying 13 tokens costs this small target about twice a plain step, so long drafts pay; Gemma's output layer
 # makes them cost more there.
-CODE_DRAFT_LENGTHS = {"ngram": 12, "draft": 8, "draft-lookup": 8}
+CODE_DRAFT_LENGTHS = {"ngram": 12, "draft": 8, "draft-lookup": 8, "eagle": 8}
 
 
 EXAMPLE_PROMPTS = {"gemma": "The old bridge over the river was", "code": "def fibonacci(n):\n"}

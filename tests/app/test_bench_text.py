@@ -72,7 +72,7 @@ def test_every_method_carries_the_design_stats(bench_run):
     methods = result["methods"]
     # every method the tiny target can serve (`kangaroo` needs an adapter trained for it)
     expected = {*method_names("text"), "hf", "hf-assisted[default]", "hf-assisted[k=5]",
-                "hf-prompt-lookup[default]", "hf-prompt-lookup[k=5]"} - {"kangaroo"}
+                "hf-prompt-lookup[default]", "hf-prompt-lookup[k=5]"} - {"kangaroo", "eagle"}
     assert set(methods) == expected
     for name, stats in methods.items():
         assert STATS_KEYS <= set(stats), (name, STATS_KEYS - set(stats))

@@ -1,0 +1,288 @@
+"""EAGLE (Li et al. 2024, arXiv 2401.15077) for text: a one-layer head drafts from the target's own features.
+
+    pair t = fc([embed(x_t); f_{t-1}]) ─► one decoder layer (own KV cache) ─► f̂_t ─► target output rows ─► law
+
+f_t is the target's final-normed hidden state at position t, which the target computes anyway while it verifies
+(`TransformersTarget.keep_features`: a position-indexed feature store that rolls back with the KV cache, so after
+every step it holds the features of exactly the committed tokens but the pending one). A row whose context is
+x_0..x_{L-1} (x_{L-1} pending) has features f_0..f_{L-2}; the head's cache holds the true pairs 1..L-1, and the last
+one's output f̂_{L-1} gives the law of the first drafted token. Deeper tokens feed on the head's own predicted
+features (pair L = fc([embed(d_1); f̂_{L-1}]), ...), as in EAGLE-1; those pairs are dropped from the head's cache
+after the proposal, so only true pairs persist.
+
+Output layer: the target's own rows, all of them or a reduced set (`vocab_ids.json`, the most frequent tokens of the
+head's training data: FastMTP's and the reduced-vocabulary draft's argument): a token outside it has draft
+probability 0 and can never be proposed, so verification stays exact. For Gemma 3 270M the kept rows are the served
+int8 rows themselves (its 262,144-row output layer is most of a target step; 16,384 rows are 1/16 of it).
+
+Exactness: the draft's law enters only as `draft_probs`, the law each drafted token was drawn from; the target
+verifies every drafted token (chain rejection sampling, greedy matching at temperature 0). The features feed the
+draft only, so stale or wrong features cost acceptance, never exactness (tests/modalities/test_eagle_text.py).
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specgen.errors import InvalidRequest, ModelNotFound
+from specgen.kernels import sample_categorical
+from specgen.modalities.image.eagle_head.head import FC_FILE, EagleHead
+from specgen.modalities.runtime.transformers_adapter import TransformersTarget
+from specgen.samplers.noise import Purpose, counter_uniform
+from specgen.samplers.processing import Processing
+from specgen.samplers.types import DecodeContext, Draft
+
+RECORD_FILE = "eagle.json"  # the training summary and the target's identity
+VOCAB_FILE = "vocab_ids.json"  # target ids of the kept output rows (absent: the whole vocabulary)
+
+
+class TextEagleHead(EagleHead):
+    """`EagleHead` (fc over [embedding; feature] and one Llama decoder layer) sized for a text target: `heads`
+    attention heads over the target's width with `kv_heads` key/value heads, a plain rotary embedding."""
+
+    @classmethod
+    def for_target(cls, target_model, *, intermediate_size: int = 1024, heads: int = 4,
+                   kv_heads: int = 1) -> "TextEagleHead":
+        from transformers import LlamaConfig
+
+        config = target_model.config
+        return cls(LlamaConfig(hidden_size=config.hidden_size, intermediate_size=intermediate_size,
+                               num_hidden_layers=1, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                               vocab_size=1, max_position_embeddings=config.max_position_embeddings,
+                               rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                               bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False))
+
+    def save(self, folder: Path, target_folder: str, vocab_ids: torch.Tensor | None, record: dict) -> Path:
+        from specgen.modalities.text.training.distill.windows import model_sha256
+
+        def extra(tmp: Path):
+            if vocab_ids is not None:
+                (tmp / VOCAB_FILE).write_text(json.dumps([int(i) for i in vocab_ids]))
+            (tmp / RECORD_FILE).write_text(json.dumps({**record, "target_sha256": model_sha256(target_folder)},
+                                                      indent=1))
+            write_card(tmp, record)
+
+        return super().save(folder, add_files=extra)
+
+
+def write_card(folder: Path, record: dict) -> None:
+    before, after = record.get("before", {}), record.get("after", {})
+    (Path(folder) / "README.md").write_text(
+        "# EAGLE head (text)\n\n"
+        "One Llama decoder layer over fc([token embedding; target feature]) that predicts the target's next "
+        "final-normed hidden state; the target's own output rows turn it into the draft's law "
+        "(`specgen.modalities.drafters.eagle`, docs/eagle.md).\n\n"
+        f"- target: `{record.get('target')}`; {record.get('params', 0):,} parameters (fp16); "
+        f"{record.get('output_rows')} output rows\n"
+        f"- data: {record.get('windows')} windows of {record.get('window_len')} tokens "
+        f"({record.get('data_s')} s of target features); {record.get('steps')} steps in {record.get('train_s')} s\n"
+        f"- held out ({record.get('heldout_windows')} windows, teacher-forced): α {before.get('alpha')} → "
+        f"**{after.get('alpha')}**, greedy agreement {before.get('greedy_agreement')} → "
+        f"**{after.get('greedy_agreement')}**\n\n"
+        f"Trained with:\n\n```\n{record.get('command')}\n```\n")
+
+
+# ---- finding a target's head ------------------------------------------------------------------------------------
+
+
+def head_folders(model_path: str) -> list[Path]:
+    """Where a target's head may be: `<model>/eagle/`, a pair folder's `eagle/` (assets/code/eagle) and, for the
+    served Gemma, assets/gemma/eagle."""
+    from specgen.modalities.assets import assets_dir
+    from specgen.modalities.text import gemma
+
+    model = Path(model_path)
+    folders = [model / "eagle", model.parent / "eagle"]
+    if gemma.is_served(model_path):
+        folders.append(assets_dir() / "gemma" / "eagle")
+    return folders
+
+
+_HEADS: dict[tuple, "TextEagleHead"] = {}
+
+
+def find_head(model_path: str) -> Path:
+    """The head folder trained on the very weights at `model_path`; ModelNotFound naming the command otherwise."""
+    from specgen.modalities.drafters.kangaroo import _target_sha
+
+    sha = _target_sha(model_path) if Path(model_path).is_dir() else None
+    for folder in head_folders(model_path):
+        record = folder / RECORD_FILE
+        if sha and record.exists() and json.loads(record.read_text()).get("target_sha256") == sha:
+            return folder
+    raise ModelNotFound(f"method 'eagle' needs an EAGLE head trained for the target {model_path} (none in "
+                        f"{' or '.join(str(f) for f in head_folders(model_path))}); train one with "
+                        "`specgen train head --method eagle --model PATH`")
+
+
+def has_head(model_path: str) -> bool:
+    try:
+        find_head(model_path)
+    except ModelNotFound:
+        return False
+    return True
+
+
+def load_head(folder: Path) -> tuple["TextEagleHead", torch.Tensor | None]:
+    """(head, kept target ids or None), kept while the files are unchanged."""
+    from specgen.modalities.drafters.kangaroo import _stamp
+
+    folder = Path(folder)
+    key = _stamp(folder / FC_FILE)
+    if key not in _HEADS:
+        from specgen.modalities.text import gemma
+
+        gemma.require_extra_for(folder)
+        _HEADS[key] = TextEagleHead.load(folder)
+    vocab = folder / VOCAB_FILE
+    return _HEADS[key], torch.tensor(json.loads(vocab.read_text())) if vocab.exists() else None
+
+
+# ---- serving ------------------------------------------------------------------------------------------------------
+
+
+_OUTPUT_LAYERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {kept ids key: layer}
+
+
+def output_layer(target_model, vocab_ids: torch.Tensor | None):
+    """x -> logits over the kept rows of the target's output layer, as int8 rows (`Int8Linear`): the served int8
+    rows themselves for Gemma, float rows quantised per row otherwise. One drafted token reads the whole layer, so
+    a quarter of the bytes is most of a drafted token's cost; the draft's law is what this computes, so exactness
+    does not depend on it. Kept per model and kept set (a request builds its drafter)."""
+    from specgen.modalities.runtime.int8_linear import Int8Linear, quantize_rows
+
+    key = None if vocab_ids is None else hash(vocab_ids.long().numpy().tobytes())
+    layers = _OUTPUT_LAYERS.setdefault(target_model, {})
+    if key not in layers:
+        head = target_model.lm_head
+        if hasattr(head, "qweight"):  # already int8 rows
+            layers[key] = head if vocab_ids is None else Int8Linear(head.qweight[vocab_ids].contiguous(),
+                                                                    head.scales[vocab_ids])
+        else:
+            weight = head.weight.detach().float()
+            layers[key] = Int8Linear(*quantize_rows(weight if vocab_ids is None else weight[vocab_ids]))
+    return layers[key]
+
+
+class EagleDrafter:
+    """The EAGLE head as a chain drafter over a text target (module docstring). `target` is the engine the loop
+    verifies with (a `TransformersTarget`); its feature store is switched on here."""
+
+    def __init__(self, target_model, target: TransformersTarget, head: TextEagleHead, processing: Processing, *,
+                 vocab_ids: torch.Tensor | None = None, capacity: int | None = None):
+        if target.runner is None:
+            raise InvalidRequest("method 'eagle' needs a Llama or Gemma 3 target (its features come from our runner)")
+        if processing.constraint is not None:
+            raise InvalidRequest("method 'eagle' does not take a prefix constraint; use 'draft' or 'ngram'")
+        target.keep_features()
+        self.target, self.processing = target, processing
+        self.embed = target_model.model.embed_tokens  # Gemma's scales by sqrt(d), as in training
+        dim, fc = head.fc.weight.shape[0], head.fc.weight.detach().float()
+        self.token_fc, self.feature_fc = fc[:, :dim].contiguous(), fc[:, dim:].contiguous()
+        self.vocab_ids = None if vocab_ids is None else torch.as_tensor(vocab_ids, dtype=torch.long)
+        self.out = output_layer(target_model, self.vocab_ids)
+        self.softcap = getattr(target_model.config, "final_logit_softcapping", None)
+        self.engine = TransformersTarget(head.body, capacity=capacity or target.capacity, decode_kernel=True)
+        self.cached: list[list[int]] = []  # per row: x_0..x_{m-1}, whose pairs 0..m-1 the head's cache holds
+        self.forward_calls = 0
+        self.confidence: torch.Tensor | None = None  # [rows, drafted] top-1 of the temperature-1 law (TETRIS)
+
+    def _pairs(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """fc([embed(tokens); features]): tokens [...], features [..., d] -> [..., d]."""
+        return F.linear(self.embed(tokens).float(), self.token_fc) + F.linear(features.float(), self.feature_fc)
+
+    def _logits(self, features: torch.Tensor) -> torch.Tensor:
+        logits = self.out(features).float()  # [rows, kept]
+        return torch.tanh(logits / self.softcap) * self.softcap if self.softcap else logits
+
+    def _reset(self, batch: int) -> None:
+        self.engine.prefill([torch.zeros(1, dtype=torch.long)] * batch)  # empty caches
+        self.cached = [[] for _ in range(batch)]
+
+    def _catch_up(self, ctx: DecodeContext) -> torch.Tensor:
+        """Roll each row's head cache back to its longest prefix still committed, feed the true pairs t up to the
+        pending token's (pair t: token x_t with the target's feature f_{t-1}; f_{-1} = 0) and return the head's
+        output at the last one, the predicted feature of the pending token [rows, d]."""
+        rows = ctx.rows.tolist()
+        store = self.target.features
+        feeds = []
+        for i, row in enumerate(rows):
+            context, cached = ctx.tokens[i].tolist(), self.cached[row]
+            if int(self.target.cache.lengths[row]) != len(context) - 1:
+                raise InvalidRequest("the target's features do not cover the committed context")
+            common, limit = 0, min(len(cached), len(context) - 1)
+            while common < limit and cached[common] == context[common]:
+                common += 1
+            self.engine.cache.lengths[row] = common
+            feeds.append((common, len(context)))
+            self.cached[row] = context
+        counts = torch.tensor([end - start for start, end in feeds])
+        width, dim = int(counts.max()), self.token_fc.shape[0]
+        inputs = torch.zeros(len(rows), width, dim)
+        positions = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, ((start, end), row) in enumerate(zip(feeds, rows)):
+            t = torch.arange(start, end)
+            previous = store[row, (t - 1).clamp(min=0)].float() * (t >= 1)[:, None]  # f_{t-1}, zero for t = 0
+            inputs[i, :len(t)] = self._pairs(ctx.tokens[i][t], previous)
+            positions[i, :len(t)] = t
+            positions[i, len(t):] = end - 1  # padding: never kept
+        valid = torch.arange(width) < counts[:, None]
+        mask = None
+        if not bool(valid.all()):
+            causal = torch.ones(width, width, dtype=torch.bool).tril()
+            mask = (causal & valid[:, None, :]) | torch.eye(width, dtype=torch.bool)  # padding sees itself
+        hidden = self.engine.score(inputs, positions, ctx.rows, mask)  # [rows, width, d]
+        self.forward_calls += 1
+        self.engine.commit(valid, ctx.rows)
+        return hidden[torch.arange(len(rows)), counts - 1]
+
+    def propose(self, ctx: DecodeContext, budget: int) -> Draft:
+        rows = ctx.rows
+        if not self.cached or len(self.cached) <= int(rows.max()):
+            self._reset(max(int(rows.max()) + 1, len(self.cached)))
+        features = self._catch_up(ctx)  # [rows, d]: the pending token's predicted feature
+        positions = ctx.next_positions  # [rows] where the first drafted token goes
+        true_lengths = self.engine.cache.lengths[rows].clone()
+        drafted, laws, confidence = [], [], []
+        try:
+            for d in range(budget):
+                logits = self._logits(features)
+                law = self.processing(logits)  # [rows, kept]
+                confidence.append(logits.softmax(-1).max(-1).values)
+                if self.processing.greedy:
+                    index = law.argmax(-1)
+                else:
+                    index = sample_categorical(law, counter_uniform(ctx.seed, ctx.sample_ids, positions + d,
+                                                                    Purpose.DRAFT))
+                token = index if self.vocab_ids is None else self.vocab_ids[index]
+                drafted.append(token)
+                laws.append(law)
+                if d + 1 == budget:
+                    break
+                # the drafted token's pair, on the predicted feature, one slot deeper; kept for the next level
+                pair = self._pairs(token, features)[:, None]  # [rows, 1, d]
+                features = self.engine.score(pair, (positions + d)[:, None], rows)[:, 0]
+                self.forward_calls += 1
+                self.engine.cache.lengths[rows] += 1
+        finally:
+            self.engine.cache.lengths[rows] = true_lengths  # only true pairs persist
+        self.confidence = torch.stack(confidence, 1)
+        return Draft(torch.stack(drafted, 1), torch.stack(laws, 1), vocab_ids=self.vocab_ids)
+
+    def observe(self, verdict) -> None:
+        pass  # the target's feature store rolled back with its cache; the next catch-up compares tokens
+
+    def run_summary(self) -> dict:
+        return {"head_forwards": self.forward_calls,
+                "output_rows": None if self.vocab_ids is None else len(self.vocab_ids)}
+
+
+def build_drafter(generator, knobs: dict, processing: Processing, policy, engine) -> EagleDrafter:
+    """The pipeline's `eagle` drafter for a text generator (its target model, folder and engine)."""
+    head, vocab_ids = load_head(find_head(generator.model_path))
+    return EagleDrafter(generator.model, engine, head, processing, vocab_ids=vocab_ids)

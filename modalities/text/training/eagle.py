@@ -1,0 +1,360 @@
+"""`specgen train head --method eagle`: the text EAGLE head (modalities/drafters/eagle.py), trained on the frozen
+target's own features, resumably.
+
+Data (`windows` windows of `window_len` tokens; the target's forward over each gives its final-normed hidden state
+at every position, the feature the head reads and predicts):
+- the code target: prompts from the code corpus's train split continued greedily by the target (its own text);
+- Gemma 3 270M: a third each of (a) the shipped Gemma corpus (code prompts with Gemma's greedy continuations,
+  assets/gemma/corpus), (b) docstring prompts from the standard library continued greedily by Gemma and (c) real
+  docstring prose, teacher-forced. Docstrings are the English on this machine; none of the bench prompts is used.
+The validation split (held-out files) gives `eval_windows` windows of each kind for the held-out numbers.
+
+Output layer: the target's own rows (frozen), the full vocabulary, or with `vocab_size` the most frequent tokens
+of the training windows (special tokens first): a reduced output layer whose other tokens have draft probability
+0, so verification stays exact (FastMTP / the reduced-vocabulary draft's argument).
+
+Loss per position (EAGLE-1): SmoothL1(predicted feature, target feature) + law_weight × cross-entropy of the
+draft's law against the target's (both through the kept rows), the law term on a `law_share` of positions drawn per
+step (the output layer is most of a step's cost). Input features get uniform noise (±noise) so the head tolerates
+its own errors when it feeds on them further down a chain. Held out: teacher-forced α = Σ min(target, draft) and
+greedy agreement at every position, before and after.
+
+Run folder: `features/` (chunk files, resumable), `run.json`, `checkpoint.pt` (every checkpoint_minutes),
+`metrics.jsonl`, `training.json`; the head is exported into `out` (default run_dir/export) with its `vocab_ids.json`
+and a model card.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from specgen.modalities.training import RunFolder, RunSettings, apply_gradients, cosine_lr, progress_bar, set_lr
+from specgen.settings import use_threads
+
+CHUNK = 64  # windows per feature file
+
+
+@dataclass(kw_only=True)
+class EagleConfig(RunSettings):
+    run_dir: str = "runs/eagle"
+    model: str = "code"  # 'code' (the shipped code target), 'gemma' or a model folder
+    windows: int = 1536
+    window_len: int = 128
+    prompt_len: int = 32  # of a greedily continued window
+    eval_windows: int = 64  # per data kind
+    vocab_size: int = 0  # 0: the target's whole vocabulary
+    steps: int = 800
+    batch_size: int = 16
+    lr: float = 1e-3
+    warmup: int = 50
+    noise: float = 0.1
+    feature_weight: float = 1.0
+    law_weight: float = 0.1
+    law_share: float = 0.25
+    intermediate_size: int = 1024
+    heads: int = 4
+    kv_heads: int = 1
+    data_threads: int = 2
+    max_files: int = 0  # > 0: the first corpus files only (quick checks)
+    eval_every: int = 200
+
+
+# ---- the target -----------------------------------------------------------------------------------------------
+
+
+def load_target(name: str):
+    """(model, tokenizer, folder) of the code target, Gemma or a model folder."""
+    from specgen.modalities.text.generator import load_causal_lm, load_tokenizer, resolve_model_path, shipped_code_pair
+
+    folder = shipped_code_pair()[0] if name == "code" else resolve_model_path(name)
+    model = load_causal_lm(folder)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, load_tokenizer(folder), folder
+
+
+def is_gemma(model) -> bool:
+    return getattr(model.config, "model_type", "") == "gemma3_text"
+
+
+def output_rows(model, vocab_ids: torch.Tensor | None) -> torch.Tensor:
+    """[kept, d] float32 rows of the target's output layer (an int8 one dequantised), all rows without vocab_ids."""
+    head = model.lm_head
+    weight = head.dequantized() if hasattr(head, "dequantized") else head.weight.detach().float()
+    return weight if vocab_ids is None else weight[vocab_ids]
+
+
+# ---- data -----------------------------------------------------------------------------------------------------
+
+
+def docstring_stream(tokenizer, split: str, cache: Path, max_files: int | None = None) -> np.ndarray:
+    """The standard library's docstrings of `split` (the code corpus's file split) as one token stream."""
+    from specgen.modalities.text.training.stdlib_corpus import load_corpus
+
+    path = cache / f"docstrings-{split}-{type(tokenizer).__name__}-{len(tokenizer)}-{max_files}.npy"
+    if path.exists():
+        return np.load(path)
+    texts = []
+    for text in load_corpus(max_files=max_files).texts(split):
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc and len(doc) > 80:
+                    texts.append(doc)
+    encoded = tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
+    stream = np.fromiter((i for e in encoded for i in (*e.ids, tokenizer.eos_token_id)), dtype=np.uint32)
+    cache.mkdir(parents=True, exist_ok=True)
+    np.save(path, stream)
+    return stream
+
+
+def windows_of(cfg: EagleConfig, model, tokenizer, split: str, count: int, cache: Path) -> np.ndarray:
+    """[count, window_len] token windows of `split` (module docstring), deterministic in (seed, split)."""
+    from specgen.modalities.text.training.distill import windows as window_data
+
+    seed = cfg.seed * 7 + (0 if split == "train" else 1)
+    cache.mkdir(parents=True, exist_ok=True)
+    new_tokens = cfg.window_len - cfg.prompt_len
+
+    def continued(stream, n, tag):
+        prompts = window_data.corpus_windows(stream, n, cfg.prompt_len, new_tokens, seed)
+        return window_data.target_windows(model, prompts, new_tokens, 0.0, seed, cache / f"greedy-{tag}-{split}-{n}"
+                                          ).tokens
+
+    max_files = cfg.max_files or None
+    if not is_gemma(model):
+        return continued(window_data.corpus_stream(tokenizer, split, max_files, cache), count, "code")
+    third = count // 3
+    docs = docstring_stream(tokenizer, split, cache, max_files)
+    prose = window_data.corpus_windows(docs, count - 2 * third, cfg.window_len, 0, seed).tokens
+    if split == "train":
+        from specgen.modalities.assets import assets_dir
+
+        shipped = np.load(assets_dir() / "gemma" / "corpus" / "tokens.npz")
+        shipped = shipped[shipped.files[0]].astype(np.int64)[:, :cfg.window_len]
+        code = shipped[np.random.default_rng(seed).permutation(len(shipped))[:third]]
+    else:
+        code = continued(window_data.corpus_stream(tokenizer, split, max_files, cache), third, "code")
+    return np.concatenate([code, continued(docs, third, "prose"), prose]).astype(np.int64)
+
+
+@torch.no_grad()
+def feature_chunks(model, tokens: np.ndarray, folder: Path, batch: int = 16) -> list[Path]:
+    """The target's final-normed features over `tokens` [n, T], CHUNK windows per file (a killed run resumes at
+    the first missing file): {"ids": int32 [c, T], "features": fp16 [c, T, d]}."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    starts = range(0, len(tokens), CHUNK)
+    bar = progress_bar(len(starts), 0, f"target features ({folder.name})")
+    for index, start in enumerate(starts):
+        path = folder / f"chunk-{index:04d}.pt"
+        if not path.exists():
+            ids = torch.from_numpy(tokens[start:start + CHUNK])
+            features = torch.cat([model.model(input_ids=ids[i:i + batch]).last_hidden_state.half()
+                                  for i in range(0, len(ids), batch)])
+            tmp = path.with_suffix(".tmp")
+            torch.save({"ids": ids.int(), "features": features}, tmp)
+            tmp.replace(path)
+        paths.append(path)
+        bar.update(1)
+    bar.close()
+    return paths
+
+
+def kept_vocabulary(model, tokenizer, ids: torch.Tensor, size: int) -> torch.Tensor | None:
+    """Special tokens first, then the most frequent tokens of `ids`, `size` in all (None: size 0, every token)."""
+    if not size:
+        return None
+    specials = [t for t in (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id) if t is not None]
+    counts = torch.bincount(ids.flatten().long(), minlength=model.config.vocab_size)
+    counts[specials] = -1
+    order = counts.argsort(descending=True)[:size - len(specials)]
+    return torch.cat([torch.tensor(specials), order])
+
+
+# ---- training -------------------------------------------------------------------------------------------------
+
+
+class EagleTask:
+    """Target, head, output rows and the feature chunks in memory."""
+
+    def __init__(self, cfg: EagleConfig, say=print):
+        from specgen.modalities.drafters.eagle import TextEagleHead
+
+        self.cfg = cfg
+        self.model, self.tokenizer, self.folder = load_target(cfg.model)
+        run = Path(cfg.run_dir)
+        use_threads(cfg.data_threads)
+        began = time.perf_counter()
+        blobs = {}
+        for split, count in (("train", cfg.windows), ("val", cfg.eval_windows * (3 if is_gemma(self.model) else 1))):
+            tokens = windows_of(cfg, self.model, self.tokenizer, split, count, run / "windows")
+            blobs[split] = [torch.load(p) for p in feature_chunks(self.model, tokens, run / "features" / split)]
+        self.data_s = time.perf_counter() - began
+        use_threads(cfg.threads)
+        self.ids = torch.cat([b["ids"] for b in blobs["train"]]).long()
+        self.features = torch.cat([b["features"] for b in blobs["train"]])
+        self.eval_ids = torch.cat([b["ids"] for b in blobs["val"]]).long()
+        self.eval_features = torch.cat([b["features"] for b in blobs["val"]])
+        self.vocab_ids = kept_vocabulary(self.model, self.tokenizer, self.ids, cfg.vocab_size)
+        self.rows = output_rows(self.model, self.vocab_ids)  # [kept, d]
+        torch.manual_seed(cfg.seed)
+        self.head = TextEagleHead.for_target(self.model, intermediate_size=cfg.intermediate_size, heads=cfg.heads,
+                                             kv_heads=cfg.kv_heads)
+        say(f"data: {len(self.ids)} windows x {self.ids.shape[1]} tokens, {len(self.eval_ids)} held out "
+            f"({self.data_s:.0f} s); output rows {self.rows.shape[0]}")
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.model.embed_tokens(ids).float()
+
+    def loss(self, ids, features, noise: float = 0.0, law_share: float = 1.0, generator=None):
+        """(feature loss, law loss, α, greedy agreement) over every predicted position of windows ids [B, T]."""
+        inputs = features[:, :-1].float()  # the feature at t - 1 ...
+        if noise:
+            inputs = inputs + (torch.rand(inputs.shape, generator=generator) * 2 - 1) * noise
+        positions = torch.arange(1, ids.shape[1]).expand(ids.shape[0], -1)
+        predicted = self.head(self.embed(ids[:, 1:]), inputs, positions)  # ... and token t predict the feature at t
+        wanted = features[:, 1:].float()
+        feature_loss = F.smooth_l1_loss(predicted, wanted)
+        predicted, wanted = predicted.flatten(0, 1), wanted.flatten(0, 1)
+        if law_share < 1.0:
+            keep = torch.randperm(len(predicted), generator=generator)[:max(1, int(len(predicted) * law_share))]
+            predicted, wanted = predicted[keep], wanted[keep]
+        target_law = F.softmax(F.linear(wanted, self.rows), -1)
+        draft_log = F.log_softmax(F.linear(predicted, self.rows), -1)
+        law_loss = -(target_law * draft_log).sum(-1).mean()
+        acceptance = torch.minimum(target_law, draft_log.exp()).sum(-1).mean()
+        agreement = (target_law.argmax(-1) == draft_log.argmax(-1)).float().mean()
+        return feature_loss, law_loss, acceptance, agreement
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        self.head.eval()
+        totals = torch.zeros(4)
+        for start in range(0, len(self.eval_ids), 16):
+            parts = self.loss(self.eval_ids[start:start + 16], self.eval_features[start:start + 16])
+            totals += torch.tensor([float(p) for p in parts]) * len(self.eval_ids[start:start + 16])
+        self.head.train()
+        names = ("feature_loss", "law_loss", "alpha", "greedy_agreement")
+        return {name: round(float(v) / len(self.eval_ids), 4) for name, v in zip(names, totals)}
+
+
+def train_eagle(cfg: EagleConfig, say=print) -> dict:
+    """Train (or resume) the head `cfg` describes, export it and return the summary (also run_dir/training.json)."""
+    run = RunFolder(cfg.run_dir)
+    task = EagleTask(cfg, say)
+    optimizer = torch.optim.AdamW(task.head.parameters(), lr=cfg.lr, weight_decay=0.0)
+    if run.checkpoint.exists():
+        state, _ = run.resume(task.head, optimizer, {}, weights_only=False)
+    else:
+        state = {"step": 0, "resumed_from": [], "before": task.evaluate(), "train_s": 0.0}
+    run.record("run.json", {**asdict(cfg), "command": command_line(cfg)})
+
+    def checkpoint():
+        run.save_checkpoint({"model": task.head.state_dict(), "optimizer": optimizer.state_dict(), "state": state})
+
+    last_save, began = time.monotonic(), time.monotonic()
+    train_s0 = state["train_s"]
+    bar = progress_bar(cfg.steps, state["step"], "train eagle head")
+    while state["step"] < cfg.steps:
+        step = state["step"]
+        generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+        rows = torch.randint(len(task.ids), (cfg.batch_size,), generator=generator)
+        set_lr(optimizer, cosine_lr(step, cfg.steps, cfg.lr, cfg.warmup, floor=0.0))
+        feature, law, acceptance, agreement = task.loss(task.ids[rows], task.features[rows], cfg.noise,
+                                                        cfg.law_share, generator)
+        loss = cfg.feature_weight * feature + cfg.law_weight * law
+        apply_gradients(loss, optimizer, task.head.parameters())
+        state["step"] = step + 1
+        state["train_s"] = train_s0 + time.monotonic() - began
+        loss, feature, law = loss.detach(), feature.detach(), law.detach()
+        record = {"step": step + 1, "loss": float(loss), "feature_loss": float(feature), "law_loss": float(law),
+                  "alpha": float(acceptance.detach()), "greedy_agreement": float(agreement)}
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+            record["eval"] = task.evaluate()
+            say(json.dumps(record))
+        run.log(record)
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(loss):.3f}", alpha=f"{float(acceptance):.3f}")
+        if time.monotonic() - last_save > cfg.checkpoint_minutes * 60:
+            checkpoint()
+            last_save = time.monotonic()
+    bar.close()
+    checkpoint()
+    target = cfg.model if cfg.model in ("code", "gemma") else task.folder
+    summary = {"target": target, "before": state["before"], "after": task.evaluate(), "steps": cfg.steps,
+               "windows": len(task.ids), "window_len": cfg.window_len, "heldout_windows": len(task.eval_ids),
+               "output_rows": int(task.rows.shape[0]), "params": sum(p.numel() for p in task.head.parameters()),
+               "train_s": round(state["train_s"], 1), "data_s": round(task.data_s, 1),
+               "resumed_from": state["resumed_from"], "config": asdict(cfg), "command": command_line(cfg)}
+    run.record("training.json", summary)
+    out = Path(cfg.out or Path(cfg.run_dir) / "export")
+    task.head.save(out, task.folder, task.vocab_ids, summary)
+    say(f"exported the head to {out}")
+    record_in_manifest(out)
+    return summary
+
+
+def record_in_manifest(folder: Path) -> None:
+    """An export inside the shipped assets: its files' entries in assets/MANIFEST.json (size, sha256, the command
+    from its eagle.json; "commit" is filled when it is committed)."""
+    from specgen.modalities.assets import assets_dir
+    from specgen.modalities.drafters.eagle import RECORD_FILE
+    from specgen.modalities.training import atomic_write, file_sha256
+
+    folder, assets = Path(folder).resolve(), assets_dir().resolve()
+    if not folder.is_relative_to(assets):
+        return
+    record = json.loads((folder / RECORD_FILE).read_text())
+    manifest_path = assets / "MANIFEST.json"
+    manifest = json.loads(manifest_path.read_text())
+    prefix = folder.relative_to(assets).as_posix() + "/"
+    entries = [e for e in manifest["files"] if not e["path"].startswith(prefix)]
+    for path in sorted(p for p in folder.iterdir() if p.is_file()):
+        entries.append({"path": path.relative_to(assets).as_posix(), "sha256": file_sha256(path),
+                        "bytes": path.stat().st_size, "command": record["command"],
+                        "seed": record["config"]["seed"], "commit": "to be filled"})
+    manifest["files"] = sorted(entries, key=lambda e: e["path"])
+    atomic_write(manifest_path, lambda tmp: tmp.write_text(json.dumps(manifest, indent=1) + "\n"))
+
+
+def command_line(cfg: EagleConfig) -> str:
+    """The `specgen train head` command that reruns (or resumes) this run."""
+    defaults = EagleConfig()
+    flags = {"run_dir": "--out", "out": "--export"}
+    parts = ["specgen train head --method eagle"]
+    for key, value in asdict(cfg).items():
+        if value is not None and (value != getattr(defaults, key) or key in ("model", "run_dir", "out")):
+            parts.append(f"{flags.get(key, '--' + key.replace('_', '-'))} {value}")
+    return " ".join(parts)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for key, value in asdict(EagleConfig()).items():
+        parser.add_argument(f"--{key.replace('_', '-')}", type=type(value) if value is not None else str, default=value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="specgen train head --method eagle", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    summary = train_eagle(EagleConfig(**vars(parser.parse_args(argv))))
+    print(json.dumps({"before": summary["before"], "after": summary["after"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
