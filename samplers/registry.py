@@ -315,7 +315,9 @@ register(MethodSpec("eagle", "text", True,
                     "reduced set for large vocabularies) turn it into a chain; exact rejection sampling (greedy "
                     "match at temperature 0)",
                     drafter="eagle", rule="chain", paper="Li et al. 2024, EAGLE (arXiv 2401.15077)",
-                    knobs=(NUM_DRAFT_TOKENS, LENGTH_SCHEDULE, *TETRIS_KNOBS)))
+                    knobs=(NUM_DRAFT_TOKENS, LENGTH_SCHEDULE,
+                           Knob("output_rows", int, 0, "a head with a reduced vocabulary drafts over its this many most "
+                                "frequent tokens and the prompt's (0: all it kept)", 0, 1 << 20), *TETRIS_KNOBS)))
 
 
 # ---- image and video --------------------------------------------------------------------------

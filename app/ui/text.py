@@ -94,8 +94,9 @@ def text_knobs() -> list:
     # their order for existing clients
     batch = {knob.name for knob in registry.TETRIS_KNOBS}
     auto = {knob.name for knob in registry.AUTO_KNOBS}  # auto's came later still: after TETRIS's
-    return ([k for k in knobs if k.name not in batch | auto] + [k for k in knobs if k.name in batch]
-            + [k for k in knobs if k.name in auto])
+    later = {"output_rows"}  # eagle's, later again
+    return ([k for k in knobs if k.name not in batch | auto | later] + [k for k in knobs if k.name in batch]
+            + [k for k in knobs if k.name in auto] + [k for k in knobs if k.name in later])
 
 
 def method_info(name: str) -> str:

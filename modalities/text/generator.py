@@ -87,6 +87,8 @@ def knob_defaults(model: str | None, spec) -> dict:
         preferred = {"num_draft_tokens": gemma.MODEL_DRAFT_LENGTHS.get(spec.name, gemma.DRAFT_LENGTH)}
         if spec.name in ("stand", "rest", "dresd", "consensus"):  # every verified slot costs Gemma's 262k-token
             preferred["tree_budget"] = 4  # output layer: small model-free trees (docs/model_free.md)
+        if spec.name == "eagle":  # 4,096 of the head's 16,384 rows agree with Gemma as often (docs/eagle.md)
+            preferred["output_rows"] = gemma.EAGLE_OUTPUT_ROWS
         return preferred
     if spec.name in CODE_DRAFT_LENGTHS and _is_shipped_code_target(model):
         return {"num_draft_tokens": CODE_DRAFT_LENGTHS[spec.name]}

@@ -41,9 +41,9 @@ def fitted_head(model, folder, vocab_ids=None, seed=3, steps=100):
     optimizer = torch.optim.Adam(head.parameters(), lr=3e-3)
     for _ in range(steps):
         pick = torch.randint(0, len(ids), (32,))
-        wanted = features[pick]
-        previous = torch.cat([torch.zeros_like(wanted[:, :1]), wanted[:, :-1]], 1)
-        predicted = head(model.model.embed_tokens(ids[pick]), previous, torch.arange(16).expand(32, -1))
+        wanted = features[pick, 1:]  # pair t = (x_t, f_{t-1}) predicts f_t
+        positions = torch.arange(1, 16).expand(32, -1)
+        predicted = head(model.model.embed_tokens(ids[pick, 1:]), features[pick, :-1], positions)
         law = torch.softmax(rows(wanted), -1)
         cross_entropy = -(law * rows(predicted).log_softmax(-1)).sum(-1).mean()
         loss = torch.nn.functional.smooth_l1_loss(predicted, wanted) + cross_entropy
@@ -70,8 +70,8 @@ def generator(tiny):
 
 class HeadLaw:
     """The draft's logits computed the reference way: the target's features from one transformers forward over the
-    committed context, then the head module over the pairs (x_t, f_{t-1}) (f_{-1} = 0), deeper drafted tokens on
-    the head's own outputs."""
+    committed context, then the head module over the pairs (x_t, f_{t-1}), t >= 1, as in training; deeper drafted
+    tokens on the head's own outputs."""
 
     def __init__(self, model, head, vocab_ids=None):
         self.model, self.head, self.vocab_ids = model, head, vocab_ids
@@ -80,14 +80,13 @@ class HeadLaw:
     def logits(self, context, drafted=()):
         ids = torch.tensor([list(context)])
         features = self.model.model(input_ids=ids).last_hidden_state[0].float()  # [L, d]
-        previous = torch.cat([torch.zeros(1, features.shape[-1]), features[:-1]])  # f_{t-1} for t = 0..L-1
-        tokens, out = list(context), None
+        previous, tokens, out = features[:-1], list(context), None  # f_{t-1} for the pairs t = 1..L-1
         for token in (None, *drafted):
             if token is not None:  # a drafted token's pair reads the head's last output
                 tokens.append(token)
                 previous = torch.cat([previous, out[None]])
-            embed = self.model.model.embed_tokens(torch.tensor([tokens])).float()
-            hidden = self.head(embed, previous[None], torch.arange(len(tokens))[None])[0]
+            embed = self.model.model.embed_tokens(torch.tensor([tokens[1:]])).float()
+            hidden = self.head(embed, previous[None], torch.arange(1, len(tokens))[None])[0]
             out = hidden[-1]
         rows = output_layer(self.model, self.vocab_ids)
         return rows(out[None])[0].double()
@@ -185,7 +184,7 @@ def test_greedy_eagle_equals_plain_decoding(generator, params):
 
 
 def test_ragged_prompts_decode_as_they_do_alone(generator):
-    prompts = [generator.encode(p) for p in (PROMPT, "x", "ab (ab")]
+    prompts = [generator.encode(p) for p in (PROMPT, "x", "ab (ab")] + [torch.tensor([3])]  # one token: no pair
     alone = [generator.pipeline("ar", [p], max_new_tokens=24).generate([p]).tokens[0] for p in prompts]
     together = generator.pipeline("eagle", prompts, max_new_tokens=24).generate(prompts)
     assert together.tokens == alone and together.stats["accepted"] > 0
@@ -247,13 +246,18 @@ def test_the_chain_rule_with_the_heads_law_is_exact(tiny, rule, exact):
 # ---- a reduced output layer on the served (int8) Gemma format --------------------------------------------------
 
 
-def test_a_reduced_output_layer_on_a_served_gemma_is_exact(tmp_path):
-    folder = tmp_path / "gemma"
+@pytest.fixture(scope="module")
+def served_gemma(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("eagle-gemma") / "gemma"
     save_tiny_gemma_served(folder)
     model = load_causal_lm(str(folder))
     kept = torch.arange(0, model.config.vocab_size, 2)  # every other token can never be proposed
     fitted_head(model, folder, vocab_ids=kept)
-    generator = TextGenerator(str(folder))
+    return TextGenerator(str(folder)), kept
+
+
+def test_a_reduced_output_layer_on_a_served_gemma_is_exact(served_gemma):
+    generator, kept = served_gemma
     plain = generator.generate(PROMPT, method="ar", max_new_tokens=30)
     pipeline = generator.pipeline("eagle", [generator.encode(PROMPT)], max_new_tokens=30)
     recorder = Recorder(pipeline.drafter)
@@ -262,6 +266,28 @@ def test_a_reduced_output_layer_on_a_served_gemma_is_exact(tmp_path):
     assert spec.tokens[0] == plain.tokens
     drafted = torch.cat([draft.tokens.flatten() for _, draft in recorder.seen])
     assert bool((drafted % 2 == 0).all()) and recorder.seen[0][1].draft_probs.shape[-1] == len(kept)
+    # output_rows: the 3 most frequent kept tokens and the prompt's own
+    pipeline = generator.pipeline("eagle", [generator.encode(PROMPT)], max_new_tokens=30, params={"output_rows": 3})
+    recorder = Recorder(pipeline.drafter)
+    pipeline.drafter = recorder
+    assert pipeline.generate([generator.encode(PROMPT)]).tokens[0] == plain.tokens
+    rows = set(kept[:3].tolist()) | set(generator.encode(PROMPT).tolist())
+    drafted = set(torch.cat([draft.tokens.flatten() for _, draft in recorder.seen]).tolist())
+    assert drafted <= rows and recorder.seen[0][1].draft_probs.shape[-1] == len(rows)
+
+
+def test_continuous_batching_on_a_served_gemma_equals_each_prompt_alone(served_gemma):
+    """Rows refilled with new requests (serve's continuous batching): the row's prefill rewrites its features and
+    the head's cache rolls back to nothing it shares with the new prompt."""
+    generator, _ = served_gemma
+    prompts = [generator.encode(p) for p in (PROMPT, "x", "ab (ab ab (ab", "abc", "(x) (x) (x)")]
+    pipeline = generator.pipeline("eagle", prompts[:2], max_new_tokens=16)
+    served: dict[int, list[int]] = {}
+    for event in pipeline.run(prompts[:2], queue=iter(list(enumerate(prompts))[2:])):
+        served.setdefault(event.sample, []).extend(event.tokens)
+    for index, prompt in enumerate(prompts):
+        alone = generator.pipeline("ar", [prompt], max_new_tokens=16).generate([prompt]).tokens[0]
+        assert served[index] == alone, index
 
 
 # ---- where it is served -----------------------------------------------------------------------------------------

@@ -16,8 +16,9 @@ of the training windows (special tokens first): a reduced output layer whose oth
 Loss per position (EAGLE-1): SmoothL1(predicted feature, target feature) + law_weight × cross-entropy of the
 draft's law against the target's (both through the kept rows), the law term on a `law_share` of positions drawn per
 step (the output layer is most of a step's cost). Input features get uniform noise (±noise) so the head tolerates
-its own errors when it feeds on them further down a chain. Held out: teacher-forced α = Σ min(target, draft) and
-greedy agreement at every position, before and after.
+its own errors when it feeds on them further down a chain; with `unroll` 2 the head is also trained reading its own
+predicted features (module `EagleTask.loss`). Held out: α = Σ min(target, draft) and greedy agreement at every
+position, before and after, reading the target's features (depth 1) and the head's own predictions (depth 2).
 
 Run folder: `features/` (chunk files, resumable), `run.json`, `checkpoint.pt` (every checkpoint_minutes),
 `metrics.jsonl`, `training.json`; the head is exported into `out` (default run_dir/export) with its `vocab_ids.json`
@@ -61,6 +62,7 @@ class EagleConfig(RunSettings):
     feature_weight: float = 1.0
     law_weight: float = 0.1
     law_share: float = 0.25
+    unroll: int = 1  # > 1: also train on the head's own predicted features, that many passes deep
     intermediate_size: int = 1024
     heads: int = 4
     kv_heads: int = 1
@@ -221,14 +223,24 @@ class EagleTask:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.model.embed_tokens(ids).float()
 
-    def loss(self, ids, features, noise: float = 0.0, law_share: float = 1.0, generator=None):
-        """(feature loss, law loss, α, greedy agreement) over every predicted position of windows ids [B, T]."""
+    def loss(self, ids, features, noise: float = 0.0, law_share: float = 1.0, generator=None, unroll: int = 1):
+        """Per depth 1..unroll, (feature loss, law loss, α, greedy agreement) over every predicted position of
+        windows ids [B, T]. Depth 1 reads the target's features; depth d + 1 reads, at every pair, the head's own
+        depth-d prediction of the feature before it (EAGLE-3's training-time test, in its plainest form: deeper
+        drafted tokens feed on predicted features, and this trains the head for that)."""
         inputs = features[:, :-1].float()  # the feature at t - 1 ...
         if noise:
             inputs = inputs + (torch.rand(inputs.shape, generator=generator) * 2 - 1) * noise
         positions = torch.arange(1, ids.shape[1]).expand(ids.shape[0], -1)
-        predicted = self.head(self.embed(ids[:, 1:]), inputs, positions)  # ... and token t predict the feature at t
-        wanted = features[:, 1:].float()
+        embed, wanted = self.embed(ids[:, 1:]), features[:, 1:].float()
+        depths = []
+        for _ in range(unroll):
+            predicted = self.head(embed, inputs, positions)  # ... and token t predict the feature at t
+            depths.append(self._terms(predicted, wanted, law_share, generator))
+            inputs = torch.cat([inputs[:, :1], predicted[:, :-1]], 1)  # pair t reads the prediction of f_{t-1}
+        return depths
+
+    def _terms(self, predicted, wanted, law_share: float, generator):
         feature_loss = F.smooth_l1_loss(predicted, wanted)
         predicted, wanted = predicted.flatten(0, 1), wanted.flatten(0, 1)
         if law_share < 1.0:
@@ -243,14 +255,19 @@ class EagleTask:
 
     @torch.no_grad()
     def evaluate(self) -> dict:
+        """Held-out figures at depth 1 (the target's features) and depth 2 (the head's own predictions)."""
         self.head.eval()
-        totals = torch.zeros(4)
+        totals = torch.zeros(2, 4)
         for start in range(0, len(self.eval_ids), 16):
-            parts = self.loss(self.eval_ids[start:start + 16], self.eval_features[start:start + 16])
-            totals += torch.tensor([float(p) for p in parts]) * len(self.eval_ids[start:start + 16])
+            depths = self.loss(self.eval_ids[start:start + 16], self.eval_features[start:start + 16], unroll=2)
+            count = len(self.eval_ids[start:start + 16])
+            totals += torch.tensor([[float(p) for p in parts] for parts in depths]) * count
         self.head.train()
+        totals /= len(self.eval_ids)
         names = ("feature_loss", "law_loss", "alpha", "greedy_agreement")
-        return {name: round(float(v) / len(self.eval_ids), 4) for name, v in zip(names, totals)}
+        result = {name: round(float(v), 4) for name, v in zip(names, totals[0])}
+        result.update({f"{name}_depth2": round(float(v), 4) for name, v in zip(names[2:], totals[1, 2:])})
+        return result
 
 
 def train_eagle(cfg: EagleConfig, say=print) -> dict:
@@ -275,9 +292,9 @@ def train_eagle(cfg: EagleConfig, say=print) -> dict:
         generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         rows = torch.randint(len(task.ids), (cfg.batch_size,), generator=generator)
         set_lr(optimizer, cosine_lr(step, cfg.steps, cfg.lr, cfg.warmup, floor=0.0))
-        feature, law, acceptance, agreement = task.loss(task.ids[rows], task.features[rows], cfg.noise,
-                                                        cfg.law_share, generator)
-        loss = cfg.feature_weight * feature + cfg.law_weight * law
+        depths = task.loss(task.ids[rows], task.features[rows], cfg.noise, cfg.law_share, generator, cfg.unroll)
+        loss = sum(cfg.feature_weight * feature + cfg.law_weight * law for feature, law, _, _ in depths) / len(depths)
+        feature, law, acceptance, agreement = depths[0]
         apply_gradients(loss, optimizer, task.head.parameters())
         state["step"] = step + 1
         state["train_s"] = train_s0 + time.monotonic() - began
