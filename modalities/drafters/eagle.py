@@ -87,7 +87,9 @@ def write_card(folder: Path, record: dict) -> None:
         f"({record.get('data_s')} s of target features); {record.get('steps')} steps in {record.get('train_s')} s\n"
         f"- held out ({record.get('heldout_windows')} windows, teacher-forced): α {before.get('alpha')} → "
         f"**{after.get('alpha')}**, greedy agreement {before.get('greedy_agreement')} → "
-        f"**{after.get('greedy_agreement')}**\n\n"
+        f"**{after.get('greedy_agreement')}**"
+        + (f"; reading its own predicted features (depth 2) α **{after['alpha_depth2']}**, greedy agreement "
+           f"**{after['greedy_agreement_depth2']}**" if "alpha_depth2" in after else "") + "\n\n"
         f"Trained with:\n\n```\n{record.get('command')}\n```\n")
 
 
