@@ -112,7 +112,7 @@ def _adapter_options(p: argparse.ArgumentParser) -> None:
 def _head_options(p: argparse.ArgumentParser) -> None:
     from dataclasses import fields
 
-    from specgen.modalities.text.training.eagle import EagleConfig
+    from specgen.modalities.text.training.eagle_config import EagleConfig
 
     p.description = ("Train a draft head that reads the target's own features (EAGLE: one decoder layer over the "
                      "token embedding and the target's last hidden state), on the target's features over its own "
@@ -191,7 +191,8 @@ def _train_head(args: argparse.Namespace) -> int:
     """`train head --method eagle` (modalities/text/training/eagle.py)."""
     from dataclasses import fields
 
-    from specgen.modalities.text.training.eagle import EagleConfig, train_eagle
+    from specgen.modalities.text.training.eagle import train_eagle
+    from specgen.modalities.text.training.eagle_config import EagleConfig
 
     options = _given(args, *(f.name for f in fields(EagleConfig) if f.name not in ("run_dir", "out")))
     out = args.out or Path("runs") / "eagle"

@@ -181,17 +181,20 @@ class EagleDrafter:
     verifies with (a `TransformersTarget`); its feature store is switched on here."""
 
     def __init__(self, target_model, target: TransformersTarget, head: TextEagleHead, processing: Processing, *,
-                 vocab_ids: torch.Tensor | None = None, capacity: int | None = None, output_rows: int = 0):
+                 vocab_ids: torch.Tensor | None = None, capacity: int | None = None, output_rows: int = 0,
+                 stop_policy=None):
         """output_rows > 0 (a head with a kept vocabulary, which lists its tokens most frequent first): the draft's
         output rows are the first `output_rows` of them and every token of the request's context (FastMTP's
         per-request vocabulary, in its simplest form: what the prompt may make the target copy stays proposable),
-        chosen at the first proposal."""
+        chosen at the first proposal. stop_policy: a token-wise length rule (`length_schedule` svip or kangaroo:
+        `stop(law, previous_law, index)`, asked before each drafted token after the first, on the head's
+        temperature-1 laws), as for a draft model."""
         if target.runner is None:
             raise InvalidRequest("method 'eagle' needs a Llama or Gemma 3 target (its features come from our runner)")
         if processing.constraint is not None:
             raise InvalidRequest("method 'eagle' does not take a prefix constraint; use 'draft' or 'ngram'")
         target.keep_features()
-        self.target, self.processing = target, processing
+        self.target, self.processing, self.stop_policy = target, processing, stop_policy
         self.embed = target_model.model.embed_tokens  # Gemma's scales by sqrt(d), as in training
         dim, fc = head.fc.weight.shape[0], head.fc.weight.detach().float()
         self.token_fc, self.feature_fc = fc[:, :dim].contiguous(), fc[:, dim:].contiguous()
@@ -202,6 +205,7 @@ class EagleDrafter:
         self.softcap = getattr(target_model.config, "final_logit_softcapping", None)
         self.engine = TransformersTarget(head.body, capacity=capacity or target.capacity, decode_kernel=True)
         self.cached: list[list[int]] = []  # per row: x_0..x_m, whose pairs 1..m the head's cache holds
+        self._own: dict[int, tuple] = {}  # row -> (context, features) computed here, outside a run (`_features`)
         self.forward_calls = 0
         self.confidence: torch.Tensor | None = None  # [rows, drafted] top-1 of the temperature-1 law (TETRIS)
 
@@ -223,12 +227,10 @@ class EagleDrafter:
         training) and return the head's output at the last one, the predicted feature of the pending token
         [rows, d] (zero for a one-token context, which has no pair: its draft law is then uniform)."""
         rows = ctx.rows.tolist()
-        store = self.target.features
-        feeds = []
+        feeds, stores = [], []
         for i, row in enumerate(rows):
             context, cached = ctx.tokens[i].tolist(), self.cached[row]
-            if int(self.target.cache.lengths[row]) != len(context) - 1:
-                raise InvalidRequest("the target's features do not cover the committed context")
+            stores.append(self._features(row, ctx.tokens[i]))
             common, limit = 0, min(len(cached), len(context) - 1)
             while common < limit and cached[common] == context[common]:
                 common += 1
@@ -241,9 +243,9 @@ class EagleDrafter:
             return torch.zeros(len(rows), dim)
         inputs = torch.zeros(len(rows), width, dim)
         positions = torch.zeros(len(rows), width, dtype=torch.long)
-        for i, ((start, end), row) in enumerate(zip(feeds, rows)):
+        for i, (start, end) in enumerate(feeds):
             t = torch.arange(start, end)
-            inputs[i, :len(t)] = self._pairs(ctx.tokens[i][t], store[row, t - 1])
+            inputs[i, :len(t)] = self._pairs(ctx.tokens[i][t], stores[i][t - 1])
             positions[i, :len(t)] = t
             positions[i, len(t):] = end  # padding: never kept
         valid = torch.arange(width) < counts[:, None]
@@ -256,6 +258,23 @@ class EagleDrafter:
         self.engine.commit(valid, ctx.rows)
         last = hidden[torch.arange(len(rows)), (counts - 1).clamp(min=0)]
         return torch.where((counts > 0)[:, None], last, torch.zeros_like(last))
+
+    def _features(self, row: int, context: torch.Tensor) -> torch.Tensor:
+        """[>= L - 1, d] the target's features of the committed context but the pending token: its feature store
+        while the target serves this row. A proposal outside a run (auto's calibration times one on a prompt the
+        target never prefilled) gets them from one forward of the target's own, kept for that context."""
+        target = self.target
+        if target.cache is not None and row < len(target.cache.lengths) and target.features is not None \
+                and int(target.cache.lengths[row]) == len(context) - 1:
+            return target.features[row]
+        key = tuple(context[:-1].tolist())
+        if not key:  # one token: no pair reads a feature
+            return torch.zeros(0, self.token_fc.shape[0])
+        if self._own.get(row, (None,))[0] != key:
+            with torch.no_grad():
+                hidden = self.target_model.model(input_ids=context[None, :-1].long()).last_hidden_state[0]
+            self._own[row] = (key, hidden.float())
+        return self._own[row][1]
 
     def _request_rows(self, ctx: DecodeContext) -> None:
         """The per-request output rows (`output_rows`): the most frequent kept tokens and the context's."""
@@ -273,11 +292,22 @@ class EagleDrafter:
         positions = ctx.next_positions  # [rows] where the first drafted token goes
         true_lengths = self.engine.cache.lengths[rows].clone()
         drafted, laws, confidence = [], [], []
+        num_drafted = torch.full((len(rows),), budget, dtype=torch.long)
+        stopped, previous = torch.zeros(len(rows), dtype=torch.bool), None
         try:
             for d in range(budget):
                 logits = self._logits(features)
+                plain = logits.softmax(-1)  # the temperature-1 law: the stop rules' input and the confidence
+                if self.stop_policy is not None:  # rows that stop keep drafting in the batch; num_drafted cuts them
+                    if d > 0:
+                        stopping = ~stopped & self.stop_policy.stop(plain, previous, d).to(torch.bool)
+                        num_drafted = torch.where(stopping, d, num_drafted)
+                        stopped |= stopping
+                        if bool(stopped.all()):
+                            break
+                    previous = plain
                 law = self.processing(logits)  # [rows, kept]
-                confidence.append(logits.softmax(-1).max(-1).values)
+                confidence.append(plain.max(-1).values)
                 if self.processing.greedy:
                     index = law.argmax(-1)
                 else:
@@ -296,7 +326,8 @@ class EagleDrafter:
         finally:
             self.engine.cache.lengths[rows] = true_lengths  # only true pairs persist
         self.confidence = torch.stack(confidence, 1)
-        return Draft(torch.stack(drafted, 1), torch.stack(laws, 1), vocab_ids=self.vocab_ids)
+        ragged = None if self.stop_policy is None else num_drafted.clamp(max=len(drafted))
+        return Draft(torch.stack(drafted, 1), torch.stack(laws, 1), num_drafted=ragged, vocab_ids=self.vocab_ids)
 
     def observe(self, verdict) -> None:
         pass  # the target's feature store rolled back with its cache; the next catch-up compares tokens
@@ -310,4 +341,5 @@ def build_drafter(generator, knobs: dict, processing: Processing, policy, engine
     """The pipeline's `eagle` drafter for a text generator (its target model, folder and engine)."""
     head, vocab_ids = load_head(find_head(generator.model_path))
     return EagleDrafter(generator.model, engine, head, processing, vocab_ids=vocab_ids,
-                        output_rows=knobs.get("output_rows", 0))
+                        output_rows=knobs.get("output_rows", 0),
+                        stop_policy=policy if hasattr(policy, "stop") else None)

@@ -174,13 +174,35 @@ def test_a_head_fed_stale_features_is_caught(generator, tiny):
 # ---- exactness ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("params", [{}, {"num_draft_tokens": 1}, {"num_draft_tokens": 8}])
+@pytest.mark.parametrize("params", [{}, {"num_draft_tokens": 1}, {"num_draft_tokens": 8},
+                                    {"length_schedule": "kangaroo"}, {"length_schedule": "svip"}])
 def test_greedy_eagle_equals_plain_decoding(generator, params):
     plain = generator.generate(PROMPT, method="ar", max_new_tokens=40)
     spec = generator.generate(PROMPT, method="eagle", max_new_tokens=40, **params)
     assert spec.tokens == plain.tokens and spec.stats["lossless"]
     batch = generator.generate(PROMPT, method="eagle", max_new_tokens=40, num_samples=2, **params)
     assert all(s["tokens"] == plain.tokens for s in batch.samples)
+
+
+def test_token_wise_length_rules_cut_the_heads_chains(generator):
+    """`length_schedule kangaroo`: a row stops drafting before a token whose head top-1 probability is below the
+    threshold (0.6), so chains come out ragged and shorter than the cap."""
+    capped = generator.generate(PROMPT, method="eagle", max_new_tokens=40, num_draft_tokens=8)
+    stopped = generator.generate(PROMPT, method="eagle", max_new_tokens=40, num_draft_tokens=8,
+                                 length_schedule="kangaroo")
+    assert stopped.stats["mean_draft_length"] < capped.stats["mean_draft_length"] - 1
+
+
+def test_auto_times_and_serves_the_head(generator, tmp_path, monkeypatch):
+    """`auto` offers eagle where a head exists; its calibration times proposals on a prompt the target never
+    prefilled (the drafter then computes the features itself), and the output stays plain decoding's."""
+    from specgen.modalities.auto import candidate_names
+
+    monkeypatch.setenv("SPECGEN_HOME", str(tmp_path))  # a fresh calibration record
+    assert "eagle" in candidate_names(generator, {})
+    plain = generator.generate(PROMPT, method="ar", max_new_tokens=30)
+    auto = generator.generate(PROMPT, method="auto", max_new_tokens=30, candidates="eagle,ngram")
+    assert auto.tokens == plain.tokens
 
 
 def test_ragged_prompts_decode_as_they_do_alone(generator):

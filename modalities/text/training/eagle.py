@@ -32,43 +32,18 @@ import ast
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specgen.modalities.training import RunFolder, RunSettings, apply_gradients, cosine_lr, progress_bar, set_lr
+from specgen.modalities.text.training.eagle_config import EagleConfig
+from specgen.modalities.training import RunFolder, apply_gradients, cosine_lr, progress_bar, set_lr
 from specgen.settings import use_threads
 
 CHUNK = 64  # windows per feature file
-
-
-@dataclass(kw_only=True)
-class EagleConfig(RunSettings):
-    run_dir: str = "runs/eagle"
-    model: str = "code"  # 'code' (the shipped code target), 'gemma' or a model folder
-    windows: int = 1536
-    window_len: int = 128
-    prompt_len: int = 32  # of a greedily continued window
-    eval_windows: int = 64  # per data kind
-    vocab_size: int = 0  # 0: the target's whole vocabulary
-    steps: int = 800
-    batch_size: int = 16
-    lr: float = 1e-3
-    warmup: int = 50
-    noise: float = 0.1
-    feature_weight: float = 1.0
-    law_weight: float = 0.1
-    law_share: float = 0.25
-    unroll: int = 1  # > 1: also train on the head's own predicted features, that many passes deep
-    intermediate_size: int = 1024
-    heads: int = 4
-    kv_heads: int = 1
-    data_threads: int = 2
-    max_files: int = 0  # > 0: the first corpus files only (quick checks)
-    eval_every: int = 200
 
 
 # ---- the target -----------------------------------------------------------------------------------------------
