@@ -68,6 +68,36 @@ class _TokenwisePolicy:
         pass
 
 
+class ChainStops:
+    """A token-wise stop rule (`stop(law, previous_law, index) -> [rows] bool`, e.g. SVIP's or Kangaroo's) applied to
+    one batched chain proposal: rows that stop keep drafting with the batch, and `ragged` cuts them where they
+    stopped. `policy` None: no rule (every row drafts the whole budget)."""
+
+    def __init__(self, policy, rows: int, budget: int):
+        self.policy = policy
+        self.num_drafted = torch.full((rows,), budget, dtype=torch.long)
+        self.stopped = torch.zeros(rows, dtype=torch.bool)
+        self.previous: torch.Tensor | None = None
+
+    def all_stop(self, law: torch.Tensor, index: int) -> bool:
+        """Ask the rule before drafted token `index` (after the first) with the draft's temperature-1 law there
+        [rows, vocab]; True when every row has stopped (the proposal ends)."""
+        if self.policy is None:
+            return False
+        if index > 0:
+            stopping = ~self.stopped & self.policy.stop(law, self.previous, index).to(torch.bool)
+            self.num_drafted = torch.where(stopping, index, self.num_drafted)
+            self.stopped |= stopping
+            if bool(self.stopped.all()):
+                return True
+        self.previous = law
+        return False
+
+    def ragged(self, drafted: int) -> torch.Tensor | None:
+        """[rows] tokens each row keeps of the `drafted` proposed (None without a rule: all of them)."""
+        return None if self.policy is None else self.num_drafted.clamp(max=drafted)
+
+
 class SvipLength(_TokenwisePolicy):
     """SVIP (Zhang et al., arXiv 2411.18462; `vanilla-sd/eval_specbench.py`): after each drafted token, stop when
     sqrt(coefficient * H(q)) > threshold, H the entropy of the law that token was drawn from (acceptance is

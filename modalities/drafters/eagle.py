@@ -33,6 +33,7 @@ from specgen.errors import InvalidRequest, ModelNotFound
 from specgen.kernels import sample_categorical
 from specgen.modalities.image.eagle_head.head import FC_FILE, EagleHead
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget
+from specgen.samplers.length_policies import ChainStops
 from specgen.samplers.noise import Purpose, counter_uniform
 from specgen.samplers.processing import Processing
 from specgen.samplers.types import DecodeContext, Draft
@@ -292,20 +293,13 @@ class EagleDrafter:
         positions = ctx.next_positions  # [rows] where the first drafted token goes
         true_lengths = self.engine.cache.lengths[rows].clone()
         drafted, laws, confidence = [], [], []
-        num_drafted = torch.full((len(rows),), budget, dtype=torch.long)
-        stopped, previous = torch.zeros(len(rows), dtype=torch.bool), None
+        stops = ChainStops(self.stop_policy, len(rows), budget)  # rows that stop keep drafting; they are cut after
         try:
             for d in range(budget):
                 logits = self._logits(features)
                 plain = logits.softmax(-1)  # the temperature-1 law: the stop rules' input and the confidence
-                if self.stop_policy is not None:  # rows that stop keep drafting in the batch; num_drafted cuts them
-                    if d > 0:
-                        stopping = ~stopped & self.stop_policy.stop(plain, previous, d).to(torch.bool)
-                        num_drafted = torch.where(stopping, d, num_drafted)
-                        stopped |= stopping
-                        if bool(stopped.all()):
-                            break
-                    previous = plain
+                if stops.all_stop(plain, d):
+                    break
                 law = self.processing(logits)  # [rows, kept]
                 confidence.append(plain.max(-1).values)
                 if self.processing.greedy:
@@ -326,7 +320,7 @@ class EagleDrafter:
         finally:
             self.engine.cache.lengths[rows] = true_lengths  # only true pairs persist
         self.confidence = torch.stack(confidence, 1)
-        ragged = None if self.stop_policy is None else num_drafted.clamp(max=len(drafted))
+        ragged = stops.ragged(len(drafted))
         return Draft(torch.stack(drafted, 1), torch.stack(laws, 1), num_drafted=ragged, vocab_ids=self.vocab_ids)
 
     def observe(self, verdict) -> None:

@@ -15,6 +15,7 @@ import torch
 from specgen.errors import InvalidRequest, VocabularyMismatch
 from specgen.kernels import sample_categorical
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget
+from specgen.samplers.length_policies import ChainStops
 from specgen.samplers.noise import Purpose, counter_uniform
 from specgen.samplers.processing import Processing, prefix_routes
 from specgen.samplers.types import DecodeContext, Draft, Verdict
@@ -84,9 +85,7 @@ class ModelDrafter:
         backlog = self._catch_up(ctx)
         positions = ctx.next_positions  # position of the first drafted token
         drafted, laws, confidence = [], [], []
-        num_drafted = torch.full((len(rows),), budget, dtype=torch.long)
-        stopped = torch.zeros(len(rows), dtype=torch.bool)
-        previous = None
+        stops = ChainStops(self.stop_policy, len(rows), budget)  # rows that stop keep drafting; they are cut after
         prefixes = [t.tolist() for t in ctx.tokens] if self.lookup is not None else None
         # `draft-lookup` without a stop rule: a slot that lookup fills in every row needs no draft law, so the
         # forward that would give it one is deferred; the next slot that needs the model feeds the backlog and
@@ -107,14 +106,8 @@ class ModelDrafter:
                 confidence.append(torch.ones(len(rows)))
             else:
                 plain = self._plain_law(last)  # the temperature-1 law: the stop rules' input and the confidence
-                if self.stop_policy is not None:  # rows that stop keep drafting in the batch; num_drafted cuts them
-                    if d > 0:
-                        stopping = ~stopped & self.stop_policy.stop(plain, previous, d).to(torch.bool)
-                        num_drafted = torch.where(stopping, d, num_drafted)
-                        stopped |= stopping
-                        if bool(stopped.all()):
-                            break
-                    previous = plain
+                if stops.all_stop(plain, d):
+                    break
                 law = self._law(last, self._routes(ctx, drafted))
                 if fills is not None:
                     law = self._point_masses(law, fills)
@@ -146,7 +139,7 @@ class ModelDrafter:
                 self.cached[row] = context[:len(context) - int(backlog[1][i])]
             else:
                 self.cached[row] = context + [int(t[i]) for t in drafted[:fed]]
-        ragged = None if self.stop_policy is None else num_drafted.clamp(max=len(drafted))
+        ragged = stops.ragged(len(drafted))
         self.confidence = torch.stack(confidence, 1)
         return Draft(torch.stack(drafted, 1), torch.stack(laws, 1), num_drafted=ragged, vocab_ids=self.vocab_ids)
 
