@@ -11,6 +11,7 @@ import json
 import pytest
 import torch
 
+from chain_checks import LeakyRule, Recorder, sampled_fit
 from tiny_models import HFTable, save_tiny, save_tiny_gemma_served
 from specgen.errors import InvalidRequest, ModelNotFound
 from specgen.modalities.drafters.eagle import EagleDrafter, TextEagleHead, find_head, load_head, output_layer
@@ -18,11 +19,10 @@ from specgen.modalities.pipeline import servable
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget
 from specgen.modalities.text.generator import TextGenerator, load_causal_lm
 from specgen.samplers.acceptance import ChainRejection
-from specgen.samplers.chisquare import goodness_of_fit
 from specgen.samplers.oracle import exact_output, max_abs_diff, target_joint
 from specgen.samplers.processing import Processing
 from specgen.samplers.registry import get_method
-from specgen.samplers.types import Decisions, Draft
+from specgen.samplers.types import Draft
 
 PROMPT = "abc abc abc (x"
 
@@ -92,19 +92,6 @@ class HeadLaw:
         return rows(out[None])[0].double()
 
 
-class Recorder:
-    def __init__(self, drafter):
-        self.drafter, self.seen = drafter, []
-
-    def propose(self, ctx, budget):
-        draft = self.drafter.propose(ctx, budget)
-        self.seen.append(([t.tolist() for t in ctx.tokens], draft))
-        return draft
-
-    def observe(self, verdict):
-        self.drafter.observe(verdict)
-
-
 def law_errors(generator, model, head, stale=False, **options):
     """Largest gap between every reported draft law of a two-row run and the head's law at that context."""
     pipeline = generator.pipeline("eagle", [generator.encode(PROMPT)], max_new_tokens=20,
@@ -122,21 +109,6 @@ def law_errors(generator, model, head, stale=False, **options):
                 law = pipeline.processing(reference.logits(context, draft.tokens[row, :slot].tolist()))
                 worst = max(worst, float((draft.draft_probs[row, slot].double() - law).abs().max()))
     return worst
-
-
-class LeakyRule(ChainRejection):
-    """Bug: the draft's law stands in for the target's at the drafted slots (every drafted token is committed)."""
-
-    def decision_probs(self, draft, target_probs):
-        decided = super().decision_probs(draft, target_probs)
-        return Decisions((torch.arange(draft.length) < draft.drafted()[:, None]).double(), decided.emit_probs)
-
-    def __call__(self, draft, target_probs, noise):
-        if draft.draft_probs is None:
-            return super().__call__(draft, target_probs, noise)
-        leaked = target_probs.clone()
-        leaked[:, :draft.length] = draft.dense_draft_probs(target_probs.shape[-1])
-        return super().__call__(draft, leaked, noise)
 
 
 # ---- the target's features and the served head ----------------------------------------------------------------
@@ -212,25 +184,14 @@ def test_ragged_prompts_decode_as_they_do_alone(generator):
     assert together.tokens == alone and together.stats["accepted"] > 0
 
 
-def sampled_fit(generator, rule=None):
-    processing = Processing(temperature=1.0, top_k=4)
-    pipeline = generator.pipeline("eagle", [generator.encode("ab")], max_new_tokens=3,
-                                  sampling={"temperature": 1.0, "top_k": 4}, params={"num_draft_tokens": 2})
-    if rule is not None:
-        pipeline.rule = rule
-    result = pipeline.generate([generator.encode("ab")] * 2000, seed=11)
-    expected = target_joint(HFTable(generator.model), processing, generator.encode("ab").tolist(), 3)
-    return goodness_of_fit([tuple(t) for t in result.tokens], expected), result.stats
-
-
 def test_sampled_eagle_follows_the_target(generator):
-    fit, stats = sampled_fit(generator)
+    fit, stats = sampled_fit(generator, "eagle", {"num_draft_tokens": 2})
     assert fit.p_value > 1e-4, fit
     assert stats["tau"] > 1.05
 
 
 def test_the_drafts_law_leaking_into_the_output_fails_the_same_test(generator):
-    fit, _ = sampled_fit(generator, LeakyRule())
+    fit, _ = sampled_fit(generator, "eagle", {"num_draft_tokens": 2}, LeakyRule())
     assert fit.p_value < 1e-6, fit
 
 

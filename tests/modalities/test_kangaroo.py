@@ -10,6 +10,7 @@ import itertools
 import pytest
 import torch
 
+from chain_checks import LeakyRule, Recorder, sampled_fit
 from tiny_models import HFTable, save_tiny
 from specgen.errors import InvalidRequest, ModelNotFound
 from specgen.modalities.drafters.kangaroo import (AdapterConfig, KangarooAdapter, KangarooDrafter, adapter_path,
@@ -19,11 +20,10 @@ from specgen.modalities.text.generator import TextGenerator, load_causal_lm
 from specgen.modalities.text.training.distill.windows import model_sha256
 from specgen.modalities.text.training.kangaroo import draft_logits
 from specgen.samplers.acceptance import ChainRejection
-from specgen.samplers.chisquare import goodness_of_fit
 from specgen.samplers.oracle import exact_output, max_abs_diff, target_joint
 from specgen.samplers.processing import Processing
 from specgen.samplers.registry import get_method
-from specgen.samplers.types import Decisions, Draft
+from specgen.samplers.types import Draft
 
 EXIT = 1
 PROMPT = "abc abc abc (x"
@@ -68,21 +68,6 @@ class AdapterLaw:
         return draft_logits(self.model, self.adapter, hidden[EXIT])[0, -1].double()
 
 
-class Recorder:
-    """Wraps a drafter; keeps (context, draft) of every proposal."""
-
-    def __init__(self, drafter):
-        self.drafter, self.seen = drafter, []
-
-    def propose(self, ctx, budget):
-        draft = self.drafter.propose(ctx, budget)
-        self.seen.append(([t.tolist() for t in ctx.tokens], draft))
-        return draft
-
-    def observe(self, verdict):
-        self.drafter.observe(verdict)
-
-
 def law_errors(generator, tiny, drafter=None, **options):
     """Largest gap between every reported draft law of a run and the adapter's law at that context."""
     folder, model, adapter = tiny
@@ -108,21 +93,6 @@ class NoRollback(KangarooDrafter):
         backlog = super()._catch_up(ctx)
         self.engine.cache.lengths.copy_(torch.maximum(lengths, self.engine.cache.lengths))
         return backlog
-
-
-class LeakyRule(ChainRejection):
-    """Bug: the draft's law stands in for the target's at the drafted slots (every drafted token is committed)."""
-
-    def decision_probs(self, draft, target_probs):
-        decided = super().decision_probs(draft, target_probs)
-        return Decisions((torch.arange(draft.length) < draft.drafted()[:, None]).double(), decided.emit_probs)
-
-    def __call__(self, draft, target_probs, noise):
-        if draft.draft_probs is None:  # nothing drafted (the loop's last step)
-            return super().__call__(draft, target_probs, noise)
-        leaked = target_probs.clone()
-        leaked[:, :draft.length] = draft.dense_draft_probs(target_probs.shape[-1])
-        return super().__call__(draft, leaked, noise)
 
 
 # ---- the served self-draft ----------------------------------------------------------------------------------------
@@ -167,25 +137,14 @@ def test_greedy_drafts_are_accepted_and_stop_by_confidence(generator):
     assert never.stats["mean_draft_length"] > often.stats["mean_draft_length"]
 
 
-def sampled_fit(generator, rule=None):
-    processing = Processing(temperature=1.0, top_k=4)  # few cells: a strong test with few samples
-    pipeline = generator.pipeline("kangaroo", [generator.encode("ab")], max_new_tokens=3,
-                                  sampling={"temperature": 1.0, "top_k": 4}, params={"confidence": 0.2})
-    if rule is not None:
-        pipeline.rule = rule
-    result = pipeline.generate([generator.encode("ab")] * 2000, seed=11)
-    expected = target_joint(HFTable(generator.model), processing, generator.encode("ab").tolist(), 3)
-    return goodness_of_fit([tuple(t) for t in result.tokens], expected), result.stats
-
-
 def test_sampled_kangaroo_follows_the_target(generator):
-    fit, stats = sampled_fit(generator)
+    fit, stats = sampled_fit(generator, "kangaroo", {"confidence": 0.2})
     assert fit.p_value > 1e-4, fit
     assert stats["tau"] > 1.05  # drafts are accepted
 
 
 def test_the_drafts_law_leaking_into_the_output_fails_the_same_test(generator):
-    fit, _ = sampled_fit(generator, LeakyRule())
+    fit, _ = sampled_fit(generator, "kangaroo", {"confidence": 0.2}, LeakyRule())
     assert fit.p_value < 1e-6, fit
 
 

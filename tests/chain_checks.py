@@ -1,0 +1,55 @@
+"""Checks shared by the chain drafters' exactness tests (test_kangaroo.py, test_eagle_text.py): a drafter wrapper
+that records every proposal, the negative-control rule that leaks the draft's law into the output, and the
+chi-square run of a method on a tiny text generator."""
+
+import torch
+
+from tiny_models import HFTable
+from specgen.samplers.acceptance import ChainRejection
+from specgen.samplers.chisquare import goodness_of_fit
+from specgen.samplers.oracle import target_joint
+from specgen.samplers.processing import Processing
+from specgen.samplers.types import Decisions
+
+
+class Recorder:
+    """Wraps a drafter; keeps (context, draft) of every proposal."""
+
+    def __init__(self, drafter):
+        self.drafter, self.seen = drafter, []
+
+    def propose(self, ctx, budget):
+        draft = self.drafter.propose(ctx, budget)
+        self.seen.append(([t.tolist() for t in ctx.tokens], draft))
+        return draft
+
+    def observe(self, verdict):
+        self.drafter.observe(verdict)
+
+
+class LeakyRule(ChainRejection):
+    """Bug: the draft's law stands in for the target's at the drafted slots (every drafted token is committed)."""
+
+    def decision_probs(self, draft, target_probs):
+        decided = super().decision_probs(draft, target_probs)
+        return Decisions((torch.arange(draft.length) < draft.drafted()[:, None]).double(), decided.emit_probs)
+
+    def __call__(self, draft, target_probs, noise):
+        if draft.draft_probs is None:  # nothing drafted (the loop's last step)
+            return super().__call__(draft, target_probs, noise)
+        leaked = target_probs.clone()
+        leaked[:, :draft.length] = draft.dense_draft_probs(target_probs.shape[-1])
+        return super().__call__(draft, leaked, noise)
+
+
+def sampled_fit(generator, method: str, params: dict, rule=None):
+    """(chi-square fit, stats) of 2,000 samples of 3 tokens after "ab" by `method` at temperature 1 and top-k 4 (few
+    cells: a strong test with few samples) against the target's exact joint; `rule` replaces the method's."""
+    processing = Processing(temperature=1.0, top_k=4)
+    pipeline = generator.pipeline(method, [generator.encode("ab")], max_new_tokens=3,
+                                  sampling={"temperature": 1.0, "top_k": 4}, params=params)
+    if rule is not None:
+        pipeline.rule = rule
+    result = pipeline.generate([generator.encode("ab")] * 2000, seed=11)
+    expected = target_joint(HFTable(generator.model), processing, generator.encode("ab").tolist(), 3)
+    return goodness_of_fit([tuple(t) for t in result.tokens], expected), result.stats
