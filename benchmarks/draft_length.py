@@ -103,6 +103,7 @@ def main() -> None:
             stats = pooled[f"{method}[{g}]"]
             table[g] = {"tau": stats.committed / stats.row_steps, "steps": stats.steps,
                         "alpha_hat": stats.accepted / max(stats.accepted + stats.rejections, 1),
+                        "per_position": [a / t if t else None for a, t in zip(stats.accepted_at, stats.tested_at)],
                         "verify_s": verify_s[g + 1], "predicted_speedup": predicted[g],
                         "measured_speedup": statistics.median(rows[f"{method}[{g}]"]),
                         "identical_to_ar": f"{identical[f'{method}[{g}]']}/{len(prompts)}"}
@@ -131,11 +132,13 @@ def render(result: dict) -> str:
     for method, m in result["methods"].items():
         lines += ["", f"## `{method}`", "",
                   f"Pooled α = {m['alpha']:.3f}; T_draft = {m['draft_token_s'] * 1e3:.2f} ms per drafted token.", "",
-                  "| γ | τ | α̂ | T_verify(γ+1) ms | predicted speedup | measured speedup (median) | identical to ar |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| γ | τ | α̂ | acceptance by drafted position | T_verify(γ+1) ms | predicted speedup | "
+                  "measured speedup (median) | identical to ar |", "|---|---|---|---|---|---|---|---|"]
         for g, row in m["lengths"].items():
-            lines.append(f"| {g} | {row['tau']:.2f} | {row['alpha_hat']:.3f} | {row['verify_s'] * 1e3:.1f} | "
-                         f"{row['predicted_speedup']:.2f}× | {row['measured_speedup']:.2f}× | {row['identical_to_ar']} |")
+            positions = " / ".join("–" if a is None else f"{a:.2f}" for a in row.get("per_position", []))
+            lines.append(f"| {g} | {row['tau']:.2f} | {row['alpha_hat']:.3f} | {positions} | "
+                         f"{row['verify_s'] * 1e3:.1f} | {row['predicted_speedup']:.2f}× | "
+                         f"{row['measured_speedup']:.2f}× | {row['identical_to_ar']} |")
         lines += ["", f"The cost model picks γ = {m['cost_model_choice']}; the sweep's fastest is γ = "
                   f"{m['sweep_best']} (the choice reaches {m['choice_within_of_best']:.2f} of it)."]
     return "\n".join(lines)

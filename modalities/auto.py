@@ -46,7 +46,7 @@ def candidate_names(generator, knobs: dict) -> list[str]:
 def _lengths(generator, spec, knobs: dict, policy) -> tuple[int, ...]:
     default = max(int(policy.next_length()), 1)
     if spec.rule == "tree" or not hasattr(generator, "auto_lengths"):
-        fixed = spec.rule == "tree" or (spec.drafter or "").startswith(("jacobi-", "eagle"))
+        fixed = spec.rule == "tree" or (spec.drafter or "").startswith(("jacobi-", "eagle", "poss"))
         return (default,) if fixed else chain_lengths(default, MAX_CHAIN)
     return generator.auto_lengths(spec, knobs, default)
 

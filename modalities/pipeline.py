@@ -175,6 +175,10 @@ def make_drafter(generator: Generator, spec: MethodSpec, knobs: dict, processing
         from specgen.modalities.drafters.eagle import build_drafter as build_eagle
 
         return build_eagle(generator, knobs, processing, policy, engine)
+    if spec.drafter == "poss":
+        from specgen.modalities.drafters.poss import build_drafter as build_poss
+
+        return build_poss(generator, knobs, processing, policy, engine)
     return generator.drafter(spec, knobs, processing, policy, engine)
 
 
@@ -189,6 +193,10 @@ def servable(generator: Generator, spec: MethodSpec) -> bool:
         from specgen.modalities.drafters.eagle import has_head
 
         return has_head(getattr(generator, "model_path", ""))
+    if spec.drafter == "poss":
+        from specgen.modalities.drafters.poss import has_poss
+
+        return has_poss(getattr(generator, "model_path", ""))
     return True
 
 

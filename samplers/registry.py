@@ -309,6 +309,8 @@ register(MethodSpec("kangaroo", "text", True,
 # EAGLE for text (modalities/drafters/eagle.py, docs/eagle.md): a one-layer head over the target's own features;
 # served only where a head was trained for the target (`specgen train head --method eagle`). Registered after
 # kangaroo for the same reason (the demo's positional API).
+OUTPUT_ROWS = Knob("output_rows", int, 0, "a head with a reduced vocabulary drafts over its this many most frequent "
+                   "tokens and the prompt's (0: all it kept)", 0, 1 << 20)
 register(MethodSpec("eagle", "text", True,
                     "EAGLE: a one-layer head over the target's own last hidden states (kept while it verifies) and "
                     "the next token's embedding predicts the target's next feature; the target's output rows (a "
@@ -316,8 +318,14 @@ register(MethodSpec("eagle", "text", True,
                     "match at temperature 0)",
                     drafter="eagle", rule="chain", paper="Li et al. 2024, EAGLE (arXiv 2401.15077)",
                     knobs=(NUM_DRAFT_TOKENS, LENGTH_SCHEDULE,
-                           Knob("output_rows", int, 0, "a head with a reduced vocabulary drafts over its this many most "
-                                "frequent tokens and the prompt's (0: all it kept)", 0, 1 << 20), *TETRIS_KNOBS)))
+                           OUTPUT_ROWS, *TETRIS_KNOBS)))
+# PosS (modalities/drafters/poss.py): the EAGLE head's chain, each deeper drafted position from a layer of its own
+register(MethodSpec("poss", "text", True,
+                    "PosS position specialists: the EAGLE head drafts the first token and trained layers of their "
+                    "own the deeper ones (token k from specialist k - 1, the last past its count), each trained on "
+                    "the deviated features it reads there; exact rejection sampling (greedy match at temperature 0)",
+                    drafter="poss", rule="chain", paper="Huang et al. 2025, PosS (arXiv 2506.03566)",
+                    knobs=(NUM_DRAFT_TOKENS, LENGTH_SCHEDULE, OUTPUT_ROWS, *TETRIS_KNOBS)))
 
 
 # ---- image and video --------------------------------------------------------------------------

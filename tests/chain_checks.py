@@ -1,6 +1,7 @@
-"""Checks shared by the chain drafters' exactness tests (test_kangaroo.py, test_eagle_text.py): a drafter wrapper
-that records every proposal, the negative-control rule that leaks the draft's law into the output, and the
-chi-square run of a method on a tiny text generator."""
+"""Checks shared by the chain drafters' exactness tests (test_kangaroo.py, test_eagle_text.py, test_poss.py): a
+drafter wrapper that records every proposal, the negative-control rule that leaks the draft's law into the output,
+the chi-square run of a method on a tiny text generator, and every chain a drafter's law could propose (for the
+enumeration oracle)."""
 
 import torch
 
@@ -9,7 +10,7 @@ from specgen.samplers.acceptance import ChainRejection
 from specgen.samplers.chisquare import goodness_of_fit
 from specgen.samplers.oracle import target_joint
 from specgen.samplers.processing import Processing
-from specgen.samplers.types import Decisions
+from specgen.samplers.types import Decisions, Draft
 
 
 class Recorder:
@@ -53,3 +54,16 @@ def sampled_fit(generator, method: str, params: dict, rule=None):
     result = pipeline.generate([generator.encode("ab")] * 2000, seed=11)
     expected = target_joint(HFTable(generator.model), processing, generator.encode("ab").tolist(), 3)
     return goodness_of_fit([tuple(t) for t in result.tokens], expected), result.stats
+
+
+def chain_proposals(law, prefix, k):
+    """Every chain of k tokens the head could propose after `prefix`, with its probability (law(prefix, drafted))."""
+    def grow(tokens, laws, prob):
+        if len(tokens) == k:
+            yield prob, Draft(torch.tensor([tokens]), torch.stack(laws)[None])
+            return
+        current = law(tuple(prefix), tuple(tokens))
+        for token in current.nonzero().flatten().tolist():
+            yield from grow(tokens + [token], laws + [current], prob * float(current[token]))
+
+    yield from grow([], [], 1.0)

@@ -162,6 +162,7 @@ def render_markdown(result: dict, plot_name: str | None) -> str:
         lines.append(f"| `{m['name']}` | " + " | ".join(_f(m["speedup_by_category"].get(c)) for c in categories)
                      + " |")
 
+    lines += _position_table(methods)
     prompt_ids = list(dict.fromkeys(i["prompt_id"] for i in items))
     lines += ["", "## Per prompt: speedup vs ar (median over repeats), τ in brackets", "",
               "| prompt | category | ar tokens/s | " + " | ".join(f"`{n}`" for n in methods if n != "ar") + " |",
@@ -188,6 +189,21 @@ def render_markdown(result: dict, plot_name: str | None) -> str:
         lines.append(f"- `{i['name']}` on {i['prompt_id']} (repeat {i['repeat']}): first divergence at token "
                      f"{i['first_divergence']}, target top-2 margin {_f(margin, 6)} (tie margin {_f(tie, 6)}) — {verdict}")
     return "\n".join(lines) + "\n"
+
+
+def _position_table(methods: dict[str, dict], shown: int = 8) -> list[str]:
+    """Our methods' acceptance at each drafted position given every earlier one was accepted (pooled over prompts;
+    a chain's position k is tested only when 1..k-1 were accepted), where a method drafts more than one token."""
+    rows = {name: m["per_position_acceptance"][:shown] for name, m in methods.items()
+            if m.get("implementation") == "specgen" and len(m.get("per_position_acceptance") or ()) > 1}
+    if not rows:
+        return []
+    depth = max(len(r) for r in rows.values())
+    lines = ["", "## Acceptance by drafted position (given the earlier ones accepted; pooled)", "",
+             "| method | " + " | ".join(str(d + 1) for d in range(depth)) + " |", "|---" * (depth + 1) + "|"]
+    for name, values in rows.items():
+        lines.append(f"| `{name}` | " + " | ".join(_f(v) for v in values) + " |" + " – |" * (depth - len(values)))
+    return lines
 
 
 def plot_png(path: Path, methods: dict[str, dict]) -> None:

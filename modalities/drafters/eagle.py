@@ -58,6 +58,13 @@ class TextEagleHead(EagleHead):
                                rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                                bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False))
 
+    def forward(self, token_embeddings, features, position_ids, depth: int = 1):
+        """Training: one layer serves every drafted position `depth` (PosS gives each its own)."""
+        return super().forward(token_embeddings, features, position_ids)
+
+    def layer(self, index: int):
+        return self.body
+
     def save(self, folder: Path, target_folder: str, vocab_ids: torch.Tensor | None, record: dict) -> Path:
         from specgen.modalities.text.training.distill.windows import model_sha256
 
@@ -179,9 +186,11 @@ def output_layer(target_model, vocab_ids: torch.Tensor | None, keep: bool = True
 
 class EagleDrafter:
     """The EAGLE head as a chain drafter over a text target (module docstring). `target` is the engine the loop
-    verifies with (a `TransformersTarget`); its feature store is switched on here."""
+    verifies with (a `TransformersTarget`); its feature store is switched on here. A `PossHead` (PosS,
+    modalities/drafters/poss.py) drafts token k with its specialist k - 1 (the last past its count), each with
+    its own cache; a `TextEagleHead` is the one-specialist case."""
 
-    def __init__(self, target_model, target: TransformersTarget, head: TextEagleHead, processing: Processing, *,
+    def __init__(self, target_model, target: TransformersTarget, head, processing: Processing, *,
                  vocab_ids: torch.Tensor | None = None, capacity: int | None = None, output_rows: int = 0,
                  stop_policy=None):
         """output_rows > 0 (a head with a kept vocabulary, which lists its tokens most frequent first): the draft's
@@ -190,24 +199,31 @@ class EagleDrafter:
         chosen at the first proposal. stop_policy: a token-wise length rule (`length_schedule` svip or kangaroo:
         `stop(law, previous_law, index)`, asked before each drafted token after the first, on the head's
         temperature-1 laws), as for a draft model."""
+        method = "poss" if hasattr(head, "specialists") else "eagle"
         if target.runner is None:
-            raise InvalidRequest("method 'eagle' needs a Llama or Gemma 3 target (its features come from our runner)")
+            raise InvalidRequest(f"method '{method}' needs a Llama or Gemma 3 target (its features come from our "
+                                 "runner)")
         if processing.constraint is not None:
-            raise InvalidRequest("method 'eagle' does not take a prefix constraint; use 'draft' or 'ngram'")
+            raise InvalidRequest(f"method '{method}' does not take a prefix constraint; use 'draft' or 'ngram'")
         target.keep_features()
         self.target, self.processing, self.stop_policy = target, processing, stop_policy
         self.embed = target_model.model.embed_tokens  # Gemma's scales by sqrt(d), as in training
-        dim, fc = head.fc.weight.shape[0], head.fc.weight.detach().float()
+        fc = getattr(head, "base", head).fc.weight.detach().float()  # PosS shares its base head's fc
+        dim = fc.shape[0]
         self.token_fc, self.feature_fc = fc[:, :dim].contiguous(), fc[:, dim:].contiguous()
         self.vocab_ids = None if vocab_ids is None else torch.as_tensor(vocab_ids, dtype=torch.long)
         self.output_rows = output_rows if self.vocab_ids is not None and output_rows < len(self.vocab_ids) else 0
         self.target_model = target_model
         self.out = None if self.output_rows else output_layer(target_model, self.vocab_ids)
         self.softcap = getattr(target_model.config, "final_logit_softcapping", None)
-        self.engine = TransformersTarget(head.body, capacity=capacity or target.capacity, decode_kernel=True)
-        self.cached: list[list[int]] = []  # per row: x_0..x_m, whose pairs 1..m the head's cache holds
+        # one engine (own KV cache) per specialist: engines[0] reads the true pairs, engines[j] drafts token j + 1
+        self.engines = [TransformersTarget(head.layer(j), capacity=capacity or target.capacity, decode_kernel=True)
+                        for j in range(getattr(head, "count", 1))]
+        self.cached: list[list[list[int]]] = []  # per engine, per row: x_0..x_m, whose pairs 1..m its cache holds
         self._own: dict[int, tuple] = {}  # row -> (context, features) computed here, outside a run (`_features`)
         self.forward_calls = 0
+        self._step_contexts: dict[int, list[int]] = {}  # this step's per-row contexts and true pairs (`_true_pairs`)
+        self._step_pairs: dict[int, tuple[int, torch.Tensor]] = {}
         self.confidence: torch.Tensor | None = None  # [rows, drafted] top-1 of the temperature-1 law (TETRIS)
 
     def _pairs(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
@@ -219,46 +235,66 @@ class EagleDrafter:
         return torch.tanh(logits / self.softcap) * self.softcap if self.softcap else logits
 
     def _reset(self, batch: int) -> None:
-        self.engine.prefill([torch.zeros(1, dtype=torch.long)] * batch)  # empty caches
-        self.cached = [[] for _ in range(batch)]
+        for engine in self.engines:
+            engine.prefill([torch.zeros(1, dtype=torch.long)] * batch)  # empty caches
+        self.cached = [[[] for _ in range(batch)] for _ in self.engines]
 
-    def _catch_up(self, ctx: DecodeContext) -> torch.Tensor:
-        """Roll each row's head cache back to its longest prefix still committed, feed the true pairs t up to the
-        pending token's (pair t, t >= 1: token x_t with the target's feature f_{t-1}, at position t, as in
-        training) and return the head's output at the last one, the predicted feature of the pending token
-        [rows, d] (zero for a one-token context, which has no pair: its draft law is then uniform)."""
-        rows = ctx.rows.tolist()
-        feeds, stores = [], []
+    def _catch_up(self, ctx: DecodeContext, index: int = 0, drafted: torch.Tensor | None = None) -> torch.Tensor:
+        """Roll each row's cache of specialist `index` back to its longest prefix still committed, feed the true
+        pairs t up to the pending token's (pair t, t >= 1: token x_t with the target's feature f_{t-1}, at position
+        t, as in training), then this step's `drafted` pairs [rows, k, d] (positions L.., a deeper specialist's
+        first use in a step), all in one forward, and return its output at the last pair [rows, d]: the predicted
+        feature of the pending token, or of the last drafted one (zero for a one-token context without drafted
+        pairs, which has no pair: its draft law is then uniform)."""
+        rows, engine = ctx.rows.tolist(), self.engines[index]
+        feeds = []
         for i, row in enumerate(rows):
-            context, cached = ctx.tokens[i].tolist(), self.cached[row]
-            stores.append(self._features(row, ctx.tokens[i]))
+            if i not in self._step_contexts:
+                self._step_contexts[i] = ctx.tokens[i].tolist()
+            context, cached = self._step_contexts[i], self.cached[index][row]
             common, limit = 0, min(len(cached), len(context) - 1)
             while common < limit and cached[common] == context[common]:
                 common += 1
-            self.engine.cache.lengths[row] = max(common - 1, 0)  # pairs 1 .. common - 1 still hold
+            engine.cache.lengths[row] = max(common - 1, 0)  # pairs 1 .. common - 1 still hold
             feeds.append((max(common, 1), len(context)))
-            self.cached[row] = context
-        counts = torch.tensor([end - start for start, end in feeds])  # [rows] pairs to feed, >= 0
+            self.cached[index][row] = context
+        counts = torch.tensor([end - start for start, end in feeds])  # [rows] true pairs to feed, >= 0
+        extra = 0 if drafted is None else drafted.shape[1]
         width, dim = int(counts.max()), self.token_fc.shape[0]
-        if width == 0:
+        if width + extra == 0:
             return torch.zeros(len(rows), dim)
-        inputs = torch.zeros(len(rows), width, dim)
-        positions = torch.zeros(len(rows), width, dtype=torch.long)
+        inputs = torch.zeros(len(rows), width + extra, dim)
+        positions = torch.zeros(len(rows), width + extra, dtype=torch.long)
         for i, (start, end) in enumerate(feeds):
-            t = torch.arange(start, end)
-            inputs[i, :len(t)] = self._pairs(ctx.tokens[i][t], stores[i][t - 1])
-            positions[i, :len(t)] = t
-            positions[i, len(t):] = end  # padding: never kept
-        valid = torch.arange(width) < counts[:, None]
+            inputs[i, :end - start] = self._true_pairs(ctx, i, rows[i], start, end)
+            positions[i, :end - start] = torch.arange(start, end)
+            positions[i, end - start:width] = end  # padding: never kept
+        if extra:
+            inputs[:, width:] = drafted
+            positions[:, width:] = ctx.next_positions[:, None] + torch.arange(extra)
+        valid = torch.cat([torch.arange(width) < counts[:, None], torch.ones(len(rows), extra, dtype=torch.bool)], 1)
         mask = None
         if not bool(valid.all()):
-            causal = torch.ones(width, width, dtype=torch.bool).tril()
-            mask = (causal & valid[:, None, :]) | torch.eye(width, dtype=torch.bool)  # padding sees itself
-        hidden = self.engine.score(inputs, positions, ctx.rows, mask)  # [rows, width, d]
+            causal = torch.ones(width + extra, width + extra, dtype=torch.bool).tril()
+            mask = (causal & valid[:, None, :]) | torch.eye(width + extra, dtype=torch.bool)  # padding sees itself
+        hidden = engine.score(inputs, positions, ctx.rows, mask)  # [rows, width + extra, d]
         self.forward_calls += 1
-        self.engine.commit(valid, ctx.rows)
+        engine.commit(valid, ctx.rows)  # drafted pairs too: a deeper level attends to them (dropped after)
+        if extra:
+            return hidden[:, -1]
         last = hidden[torch.arange(len(rows)), (counts - 1).clamp(min=0)]
         return torch.where((counts > 0)[:, None], last, torch.zeros_like(last))
+
+    def _true_pairs(self, ctx: DecodeContext, i: int, row: int, start: int, end: int) -> torch.Tensor:
+        """[end - start, d] row i's true pairs start..end-1, computed once per step and shared by the specialists
+        (they read the same committed tokens and target features)."""
+        first, vectors = self._step_pairs.get(i, (end, None))
+        if start < first:
+            t = torch.arange(start, first)
+            fresh = self._pairs(ctx.tokens[i][t], self._features(row, ctx.tokens[i])[t - 1])
+            first, vectors = start, fresh if vectors is None else torch.cat([fresh, vectors])
+            self._step_pairs[i] = (first, vectors)
+        return vectors[start - first:end - first] if vectors is not None else torch.zeros(0, self.token_fc.shape[0])
 
     def _features(self, row: int, context: torch.Tensor) -> torch.Tensor:
         """[>= L - 1, d] the target's features of the committed context but the pending token: its feature store
@@ -287,12 +323,13 @@ class EagleDrafter:
         rows = ctx.rows
         if self.out is None:
             self._request_rows(ctx)
-        if not self.cached or len(self.cached) <= int(rows.max()):
-            self._reset(max(int(rows.max()) + 1, len(self.cached)))
+        if not self.cached or len(self.cached[0]) <= int(rows.max()):
+            self._reset(max(int(rows.max()) + 1, len(self.cached[0]) if self.cached else 0))
+        self._step_contexts, self._step_pairs = {}, {}  # per row of this step, shared by the specialists
         features = self._catch_up(ctx)  # [rows, d]: the pending token's predicted feature
         positions = ctx.next_positions  # [rows] where the first drafted token goes
-        true_lengths = self.engine.cache.lengths[rows].clone()
-        drafted, laws, confidence = [], [], []
+        true_lengths = {0: self.engines[0].cache.lengths[rows].clone()}  # per specialist used in this step
+        drafted, laws, confidence, pairs = [], [], [], []
         stops = ChainStops(self.stop_policy, len(rows), budget)  # rows that stop keep drafting; they are cut after
         try:
             for d in range(budget):
@@ -313,12 +350,19 @@ class EagleDrafter:
                 if d + 1 == budget:
                     break
                 # the drafted token's pair, on the predicted feature, one slot deeper; kept for the next level
-                pair = self._pairs(token, features)[:, None]  # [rows, 1, d]
-                features = self.engine.score(pair, (positions + d)[:, None], rows)[:, 0]
+                pairs.append(self._pairs(token, features))  # [rows, d]
+                index = min(d + 1, len(self.engines) - 1)  # the specialist of drafted token d + 2
+                engine = self.engines[index]
+                if index not in true_lengths:  # its first use in this step: its true pairs and this step's drafted
+                    features = self._catch_up(ctx, index, torch.stack(pairs, 1))
+                    true_lengths[index] = engine.cache.lengths[rows] - len(pairs)
+                    continue
+                features = engine.score(pairs[-1][:, None], (positions + d)[:, None], rows)[:, 0]
                 self.forward_calls += 1
-                self.engine.cache.lengths[rows] += 1
+                engine.cache.lengths[rows] += 1
         finally:
-            self.engine.cache.lengths[rows] = true_lengths  # only true pairs persist
+            for index, lengths in true_lengths.items():
+                self.engines[index].cache.lengths[rows] = lengths  # only true pairs persist
         self.confidence = torch.stack(confidence, 1)
         ragged = stops.ragged(len(drafted))
         return Draft(torch.stack(drafted, 1), torch.stack(laws, 1), num_drafted=ragged, vocab_ids=self.vocab_ids)

@@ -70,9 +70,9 @@ def test_bench_prints_only_the_json_object(bench_run):
 def test_every_method_carries_the_design_stats(bench_run):
     result = json.loads(bench_run[1])
     methods = result["methods"]
-    # every method the tiny target can serve (`kangaroo` needs an adapter trained for it)
+    # every method the tiny target can serve (`kangaroo`, `eagle` and `poss` need weights trained for it)
     expected = {*method_names("text"), "hf", "hf-assisted[default]", "hf-assisted[k=5]",
-                "hf-prompt-lookup[default]", "hf-prompt-lookup[k=5]"} - {"kangaroo", "eagle"}
+                "hf-prompt-lookup[default]", "hf-prompt-lookup[k=5]"} - {"kangaroo", "eagle", "poss"}
     assert set(methods) == expected
     for name, stats in methods.items():
         assert STATS_KEYS <= set(stats), (name, STATS_KEYS - set(stats))
@@ -131,6 +131,12 @@ def test_result_files_are_written(bench_run):
     assert json.loads((out_dir / "text-latest.json").read_text())["methods"].keys() == out["methods"].keys()
     markdown = (out_dir / "text-latest.md").read_text()
     assert out["env"]["command"] in markdown and "hf-prompt-lookup" in markdown
+    # acceptance by drafted position: the pooled stats' row for `ngram` (repeated prompts: long chains), as printed
+    table = markdown.split("## Acceptance by drafted position")[1].split("\n## ")[0]
+    row = next(line for line in table.splitlines() if line.startswith("| `ngram` |"))
+    positions = out["methods"]["ngram"]["per_position_acceptance"]
+    assert len(positions) > 1 and row.split(" | ")[1:3] == [f"{v:.2f}" for v in positions[:2]]
+    assert "`ar`" not in table and "hf-" not in table
     assert (out_dir / "text-latest.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -11,10 +11,11 @@ import json
 import pytest
 import torch
 
-from chain_checks import LeakyRule, Recorder, sampled_fit
+from chain_checks import LeakyRule, Recorder, chain_proposals, sampled_fit
+from feature_heads import HeadLaw, PROMPT, fitted_head, law_errors
 from tiny_models import HFTable, save_tiny, save_tiny_gemma_served
 from specgen.errors import InvalidRequest, ModelNotFound
-from specgen.modalities.drafters.eagle import EagleDrafter, TextEagleHead, find_head, load_head, output_layer
+from specgen.modalities.drafters.eagle import EagleDrafter, find_head
 from specgen.modalities.pipeline import servable
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget
 from specgen.modalities.text.generator import TextGenerator, load_causal_lm
@@ -22,36 +23,6 @@ from specgen.samplers.acceptance import ChainRejection
 from specgen.samplers.oracle import exact_output, max_abs_diff, target_joint
 from specgen.samplers.processing import Processing
 from specgen.samplers.registry import get_method
-from specgen.samplers.types import Draft
-
-PROMPT = "abc abc abc (x"
-
-
-def fitted_head(model, folder, vocab_ids=None, seed=3, steps=100):
-    """A head fitted for a few seconds to the target's features on random text (so drafts are often accepted and
-    the sampled test exercises acceptance), saved where the target's heads are looked up."""
-    torch.manual_seed(seed)
-    head = TextEagleHead.for_target(model, intermediate_size=48, heads=4, kv_heads=1)
-    ids = torch.randint(2, model.config.vocab_size, (128, 16))
-    with torch.no_grad():
-        features = model.model(input_ids=ids).last_hidden_state
-    output = model.lm_head  # a served Gemma's is int8 rows
-    weight = output.dequantized() if hasattr(output, "dequantized") else output.weight.detach()
-    rows = lambda x: torch.nn.functional.linear(x, weight)  # noqa: E731 - float rows: the law term has a gradient
-    optimizer = torch.optim.Adam(head.parameters(), lr=3e-3)
-    for _ in range(steps):
-        pick = torch.randint(0, len(ids), (32,))
-        wanted = features[pick, 1:]  # pair t = (x_t, f_{t-1}) predicts f_t
-        positions = torch.arange(1, 16).expand(32, -1)
-        predicted = head(model.model.embed_tokens(ids[pick, 1:]), features[pick, :-1], positions)
-        law = torch.softmax(rows(wanted), -1)
-        cross_entropy = -(law * rows(predicted).log_softmax(-1)).sum(-1).mean()
-        loss = torch.nn.functional.smooth_l1_loss(predicted, wanted) + cross_entropy
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    head.save(folder / "eagle", str(folder), vocab_ids, {"target": str(folder), "after": {"alpha": 0.5}})
-    return load_head(folder / "eagle")
 
 
 @pytest.fixture(scope="module")
@@ -66,49 +37,6 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def generator(tiny):
     return TextGenerator(str(tiny[0]))
-
-
-class HeadLaw:
-    """The draft's logits computed the reference way: the target's features from one transformers forward over the
-    committed context, then the head module over the pairs (x_t, f_{t-1}), t >= 1, as in training; deeper drafted
-    tokens on the head's own outputs."""
-
-    def __init__(self, model, head, vocab_ids=None):
-        self.model, self.head, self.vocab_ids = model, head, vocab_ids
-
-    @torch.no_grad()
-    def logits(self, context, drafted=()):
-        ids = torch.tensor([list(context)])
-        features = self.model.model(input_ids=ids).last_hidden_state[0].float()  # [L, d]
-        previous, tokens, out = features[:-1], list(context), None  # f_{t-1} for the pairs t = 1..L-1
-        for token in (None, *drafted):
-            if token is not None:  # a drafted token's pair reads the head's last output
-                tokens.append(token)
-                previous = torch.cat([previous, out[None]])
-            embed = self.model.model.embed_tokens(torch.tensor([tokens[1:]])).float()
-            hidden = self.head(embed, previous[None], torch.arange(1, len(tokens))[None])[0]
-            out = hidden[-1]
-        rows = output_layer(self.model, self.vocab_ids)
-        return rows(out[None])[0].double()
-
-
-def law_errors(generator, model, head, stale=False, **options):
-    """Largest gap between every reported draft law of a two-row run and the head's law at that context."""
-    pipeline = generator.pipeline("eagle", [generator.encode(PROMPT)], max_new_tokens=20,
-                                  params={"num_draft_tokens": 3}, sampling=options)
-    if stale:  # bug: verification's features are never stored (the head reads what the prefill left)
-        engine = pipeline.drafter.target
-        engine.commit = lambda kept, rows: engine.cache.__setattr__("rows", rows) or engine.cache.commit(kept)
-    recorder = Recorder(pipeline.drafter)
-    pipeline.drafter = recorder
-    list(pipeline.run([generator.encode(PROMPT), generator.encode("ab (")]))
-    reference, worst = HeadLaw(model, head), 0.0
-    for contexts, draft in recorder.seen:
-        for row, context in enumerate(contexts):
-            for slot in range(draft.length):
-                law = pipeline.processing(reference.logits(context, draft.tokens[row, :slot].tolist()))
-                worst = max(worst, float((draft.draft_probs[row, slot].double() - law).abs().max()))
-    return worst
 
 
 # ---- the target's features and the served head ----------------------------------------------------------------
@@ -193,19 +121,6 @@ def test_sampled_eagle_follows_the_target(generator):
 def test_the_drafts_law_leaking_into_the_output_fails_the_same_test(generator):
     fit, _ = sampled_fit(generator, "eagle", {"num_draft_tokens": 2}, LeakyRule())
     assert fit.p_value < 1e-6, fit
-
-
-def chain_proposals(law, prefix, k):
-    """Every chain of k tokens the head could propose after `prefix`, with its probability (law(prefix, drafted))."""
-    def grow(tokens, laws, prob):
-        if len(tokens) == k:
-            yield prob, Draft(torch.tensor([tokens]), torch.stack(laws)[None])
-            return
-        current = law(tuple(prefix), tuple(tokens))
-        for token in current.nonzero().flatten().tolist():
-            yield from grow(tokens + [token], laws + [current], prob * float(current[token]))
-
-    yield from grow([], [], 1.0)
 
 
 @pytest.mark.parametrize("rule,exact", [(ChainRejection(), True), (LeakyRule(), False)])

@@ -1,5 +1,5 @@
-"""`specgen train head --method eagle`: the text EAGLE head (modalities/drafters/eagle.py), trained on the frozen
-target's own features, resumably.
+"""`specgen train head --method eagle|poss`: the text EAGLE head (modalities/drafters/eagle.py) or PosS position
+specialists over one (modalities/drafters/poss.py), trained on the frozen target's own features, resumably.
 
 Data (`windows` windows of `window_len` tokens; the target's forward over each gives its final-normed hidden state
 at every position, the feature the head reads and predicts):
@@ -19,6 +19,11 @@ step (the output layer is most of a step's cost). Input features get uniform noi
 its own errors when it feeds on them further down a chain; with `unroll` 2 the head is also trained reading its own
 predicted features (module `EagleTask.loss`). Held out: α = Σ min(target, draft) and greedy agreement at every
 position, before and after, reading the target's features (depth 1) and the head's own predictions (depth 2).
+
+PosS (`--method poss`): the EAGLE head `base` (default: the target's) stays frozen and gives the kept vocabulary;
+`specialists - 1` copies of its layer are trained, the chain unrolled at least one pass per specialist, drafted
+position d read by specialist min(d, specialists) - 1. A run may reuse an EAGLE run's `features/` and `windows/`
+(the same settings give the same windows).
 
 Run folder: `features/` (chunk files, resumable), `run.json`, `checkpoint.pt` (every checkpoint_minutes),
 `metrics.jsonl`, `training.json`; the head is exported into `out` (default run_dir/export) with its `vocab_ids.json`
@@ -187,11 +192,15 @@ class EagleTask:
         self.features = torch.cat([b["features"] for b in blobs["train"]])
         self.eval_ids = torch.cat([b["ids"] for b in blobs["val"]]).long()
         self.eval_features = torch.cat([b["features"] for b in blobs["val"]])
-        self.vocab_ids = kept_vocabulary(self.model, self.tokenizer, self.ids, cfg.vocab_size)
-        self.rows = output_rows(self.model, self.vocab_ids)  # [kept, d]
         torch.manual_seed(cfg.seed)
-        self.head = TextEagleHead.for_target(self.model, intermediate_size=cfg.intermediate_size, heads=cfg.heads,
-                                             kv_heads=cfg.kv_heads)
+        if cfg.method == "poss":
+            self.head, self.vocab_ids, self.base_folder = poss_head(cfg, self.folder)
+        else:
+            self.vocab_ids = kept_vocabulary(self.model, self.tokenizer, self.ids, cfg.vocab_size)
+            self.head = TextEagleHead.for_target(self.model, intermediate_size=cfg.intermediate_size,
+                                                 heads=cfg.heads, kv_heads=cfg.kv_heads)
+        self.rows = output_rows(self.model, self.vocab_ids)  # [kept, d]
+        self.unroll = max(cfg.unroll, cfg.specialists if cfg.method == "poss" else 1)
         say(f"data: {len(self.ids)} windows x {self.ids.shape[1]} tokens, {len(self.eval_ids)} held out "
             f"({self.data_s:.0f} s); output rows {self.rows.shape[0]}")
 
@@ -209,9 +218,11 @@ class EagleTask:
         positions = torch.arange(1, ids.shape[1]).expand(ids.shape[0], -1)
         embed, wanted = self.embed(ids[:, 1:]), features[:, 1:].float()
         depths = []
-        for _ in range(unroll):
-            predicted = self.head(embed, inputs, positions)  # ... and token t predict the feature at t
-            depths.append(self._terms(predicted, wanted, law_share, generator))
+        for depth in range(1, unroll + 1):
+            trains = any(p.requires_grad for p in self.head.layer(depth - 1).parameters())
+            with torch.set_grad_enabled(torch.is_grad_enabled() and trains):  # a frozen base: no graph
+                predicted = self.head(embed, inputs, positions, depth)  # ... and token t predict the feature at t
+                depths.append(self._terms(predicted, wanted, law_share, generator))
             inputs = torch.cat([inputs[:, :1], predicted[:, :-1]], 1)  # pair t reads the prediction of f_{t-1}
         return depths
 
@@ -230,26 +241,40 @@ class EagleTask:
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Held-out figures at depth 1 (the target's features) and depth 2 (the head's own predictions)."""
+        """Held-out figures at depth 1 (the target's features) and each depth 2.. (the head's own predictions)."""
         self.head.eval()
-        totals = torch.zeros(2, 4)
+        totals = torch.zeros(max(2, self.unroll), 4)
         for start in range(0, len(self.eval_ids), 16):
-            depths = self.loss(self.eval_ids[start:start + 16], self.eval_features[start:start + 16], unroll=2)
+            depths = self.loss(self.eval_ids[start:start + 16], self.eval_features[start:start + 16],
+                               unroll=len(totals))
             count = len(self.eval_ids[start:start + 16])
             totals += torch.tensor([[float(p) for p in parts] for parts in depths]) * count
         self.head.train()
         totals /= len(self.eval_ids)
         names = ("feature_loss", "law_loss", "alpha", "greedy_agreement")
         result = {name: round(float(v), 4) for name, v in zip(names, totals[0])}
-        result.update({f"{name}_depth2": round(float(v), 4) for name, v in zip(names[2:], totals[1, 2:])})
+        for depth, row in enumerate(totals[1:], 2):
+            result.update({f"{name}_depth{depth}": round(float(v), 4) for name, v in zip(names[2:], row[2:])})
         return result
+
+
+def poss_head(cfg: EagleConfig, target_folder):
+    """(PossHead over the frozen EAGLE head `cfg.base` or the target's, its kept ids, its folder)."""
+    from specgen.modalities.drafters.eagle import TextEagleHead, VOCAB_FILE, find_head
+    from specgen.modalities.drafters.poss import PossHead
+
+    base_folder = Path(cfg.base) if cfg.base else find_head(str(target_folder))
+    vocab = base_folder / VOCAB_FILE
+    vocab_ids = torch.tensor(json.loads(vocab.read_text())) if vocab.exists() else None
+    return PossHead(TextEagleHead.load(base_folder), cfg.specialists), vocab_ids, base_folder
 
 
 def train_eagle(cfg: EagleConfig, say=print) -> dict:
     """Train (or resume) the head `cfg` describes, export it and return the summary (also run_dir/training.json)."""
     run = RunFolder(cfg.run_dir)
     task = EagleTask(cfg, say)
-    optimizer = torch.optim.AdamW(task.head.parameters(), lr=cfg.lr, weight_decay=0.0)
+    trained = [p for p in task.head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=cfg.lr, weight_decay=0.0)
     if run.checkpoint.exists():
         state, _ = run.resume(task.head, optimizer, {}, weights_only=False)
     else:
@@ -261,16 +286,16 @@ def train_eagle(cfg: EagleConfig, say=print) -> dict:
 
     last_save, began = time.monotonic(), time.monotonic()
     train_s0 = state["train_s"]
-    bar = progress_bar(cfg.steps, state["step"], "train eagle head")
+    bar = progress_bar(cfg.steps, state["step"], f"train {cfg.method} head")
     while state["step"] < cfg.steps:
         step = state["step"]
         generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         rows = torch.randint(len(task.ids), (cfg.batch_size,), generator=generator)
         set_lr(optimizer, cosine_lr(step, cfg.steps, cfg.lr, cfg.warmup, floor=0.0))
-        depths = task.loss(task.ids[rows], task.features[rows], cfg.noise, cfg.law_share, generator, cfg.unroll)
+        depths = task.loss(task.ids[rows], task.features[rows], cfg.noise, cfg.law_share, generator, task.unroll)
         loss = sum(cfg.feature_weight * feature + cfg.law_weight * law for feature, law, _, _ in depths) / len(depths)
         feature, law, acceptance, agreement = depths[0]
-        apply_gradients(loss, optimizer, task.head.parameters())
+        apply_gradients(loss, optimizer, trained)
         state["step"] = step + 1
         state["train_s"] = train_s0 + time.monotonic() - began
         loss, feature, law = loss.detach(), feature.detach(), law.detach()
@@ -290,18 +315,21 @@ def train_eagle(cfg: EagleConfig, say=print) -> dict:
     target = cfg.model if cfg.model in ("code", "gemma") else task.folder
     summary = {"target": target, "before": state["before"], "after": task.evaluate(), "steps": cfg.steps,
                "windows": len(task.ids), "window_len": cfg.window_len, "heldout_windows": len(task.eval_ids),
-               "output_rows": int(task.rows.shape[0]), "params": sum(p.numel() for p in task.head.parameters()),
+               "output_rows": int(task.rows.shape[0]), "params": sum(p.numel() for p in trained),
                "train_s": round(state["train_s"], 1), "data_s": round(task.data_s, 1),
                "resumed_from": state["resumed_from"], "config": asdict(cfg), "command": command_line(cfg)}
     run.record("training.json", summary)
     out = Path(cfg.out or Path(cfg.run_dir) / "export")
-    task.head.save(out, task.folder, task.vocab_ids, summary)
+    if cfg.method == "poss":
+        task.head.save(out, task.base_folder, task.folder, summary)
+    else:
+        task.head.save(out, task.folder, task.vocab_ids, summary)
     say(f"exported the head to {out}")
-    record_in_manifest(out)
+    record_in_manifest(out, "poss.json" if cfg.method == "poss" else None)
     return summary
 
 
-def record_in_manifest(folder: Path) -> None:
+def record_in_manifest(folder: Path, record_file: str | None = None) -> None:
     """An export inside the shipped assets: its files' entries in assets/MANIFEST.json (size, sha256, the command
     from its eagle.json; "commit" is filled when it is committed)."""
     from specgen.modalities.assets import assets_dir
@@ -311,7 +339,7 @@ def record_in_manifest(folder: Path) -> None:
     folder, assets = Path(folder).resolve(), assets_dir().resolve()
     if not folder.is_relative_to(assets):
         return
-    record = json.loads((folder / RECORD_FILE).read_text())
+    record = json.loads((folder / (record_file or RECORD_FILE)).read_text())
     manifest_path = assets / "MANIFEST.json"
     manifest = json.loads(manifest_path.read_text())
     prefix = folder.relative_to(assets).as_posix() + "/"
@@ -328,9 +356,10 @@ def command_line(cfg: EagleConfig) -> str:
     """The `specgen train head` command that reruns (or resumes) this run."""
     defaults = EagleConfig()
     flags = {"run_dir": "--out", "out": "--export"}
-    parts = ["specgen train head --method eagle"]
+    parts = [f"specgen train head --method {cfg.method}"]
     for key, value in asdict(cfg).items():
-        if value is not None and (value != getattr(defaults, key) or key in ("model", "run_dir", "out")):
+        if key != "method" and value is not None and (value != getattr(defaults, key)
+                                                      or key in ("model", "run_dir", "out")):
             parts.append(f"{flags.get(key, '--' + key.replace('_', '-'))} {value}")
     return " ".join(parts)
 

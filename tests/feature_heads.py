@@ -1,0 +1,81 @@
+"""Helpers shared by the feature drafters' tests (test_eagle_text.py, test_poss.py): a head fitted for a few seconds
+to a tiny target's features, the draft's law computed the reference way, and the largest gap between a run's
+reported draft laws and that reference."""
+
+import torch
+
+from chain_checks import Recorder
+from specgen.modalities.drafters.eagle import TextEagleHead, load_head, output_layer
+
+PROMPT = "abc abc abc (x"
+
+
+def fitted_head(model, folder, vocab_ids=None, seed=3, steps=100):
+    """A head fitted for a few seconds to the target's features on random text (so drafts are often accepted and
+    the sampled test exercises acceptance), saved where the target's heads are looked up."""
+    torch.manual_seed(seed)
+    head = TextEagleHead.for_target(model, intermediate_size=48, heads=4, kv_heads=1)
+    ids = torch.randint(2, model.config.vocab_size, (128, 16))
+    with torch.no_grad():
+        features = model.model(input_ids=ids).last_hidden_state
+    output = model.lm_head  # a served Gemma's is int8 rows
+    weight = output.dequantized() if hasattr(output, "dequantized") else output.weight.detach()
+    rows = lambda x: torch.nn.functional.linear(x, weight)  # noqa: E731 - float rows: the law term has a gradient
+    optimizer = torch.optim.Adam(head.parameters(), lr=3e-3)
+    for _ in range(steps):
+        pick = torch.randint(0, len(ids), (32,))
+        wanted = features[pick, 1:]  # pair t = (x_t, f_{t-1}) predicts f_t
+        positions = torch.arange(1, 16).expand(32, -1)
+        predicted = head(model.model.embed_tokens(ids[pick, 1:]), features[pick, :-1], positions)
+        law = torch.softmax(rows(wanted), -1)
+        cross_entropy = -(law * rows(predicted).log_softmax(-1)).sum(-1).mean()
+        loss = torch.nn.functional.smooth_l1_loss(predicted, wanted) + cross_entropy
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    head.save(folder / "eagle", str(folder), vocab_ids, {"target": str(folder), "after": {"alpha": 0.5}})
+    return load_head(folder / "eagle")
+
+
+class HeadLaw:
+    """The draft's logits computed the reference way: the target's features from one transformers forward over the
+    committed context, then the head module over the pairs (x_t, f_{t-1}), t >= 1, as in training; deeper drafted
+    tokens on the head's own outputs, drafted token k by the head's layer for depth k (PosS's specialist k - 1;
+    an EAGLE head has one layer), each run afresh over the whole pair sequence."""
+
+    def __init__(self, model, head, vocab_ids=None):
+        self.model, self.head, self.vocab_ids = model, head, vocab_ids
+
+    @torch.no_grad()
+    def logits(self, context, drafted=()):
+        ids = torch.tensor([list(context)])
+        features = self.model.model(input_ids=ids).last_hidden_state[0].float()  # [L, d]
+        previous, tokens, out = features[:-1], list(context), None  # f_{t-1} for the pairs t = 1..L-1
+        for depth, token in enumerate((None, *drafted), 1):
+            if token is not None:  # a drafted token's pair reads the last level's output
+                tokens.append(token)
+                previous = torch.cat([previous, out[None]])
+            embed = self.model.model.embed_tokens(torch.tensor([tokens[1:]])).float()
+            hidden = self.head(embed, previous[None], torch.arange(1, len(tokens))[None], depth)[0]
+            out = hidden[-1]
+        rows = output_layer(self.model, self.vocab_ids)
+        return rows(out[None])[0].double()
+
+
+def law_errors(generator, model, head, stale=False, method="eagle", draft_tokens=3, **options):
+    """Largest gap between every reported draft law of a two-row run of `method` and `head`'s law at that context."""
+    pipeline = generator.pipeline(method, [generator.encode(PROMPT)], max_new_tokens=20,
+                                  params={"num_draft_tokens": draft_tokens}, sampling=options)
+    if stale:  # bug: verification's features are never stored (the head reads what the prefill left)
+        engine = pipeline.drafter.target
+        engine.commit = lambda kept, rows: engine.cache.__setattr__("rows", rows) or engine.cache.commit(kept)
+    recorder = Recorder(pipeline.drafter)
+    pipeline.drafter = recorder
+    list(pipeline.run([generator.encode(PROMPT), generator.encode("ab (")]))
+    reference, worst = HeadLaw(model, head), 0.0
+    for contexts, draft in recorder.seen:
+        for row, context in enumerate(contexts):
+            for slot in range(draft.length):
+                law = pipeline.processing(reference.logits(context, draft.tokens[row, :slot].tolist()))
+                worst = max(worst, float((draft.draft_probs[row, slot].double() - law).abs().max()))
+    return worst
