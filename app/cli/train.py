@@ -126,7 +126,7 @@ def _head_options(p: argparse.ArgumentParser) -> None:
         if field.name not in ("run_dir", "out", "seed", "steps", "threads", "checkpoint_minutes", "method"):
             default = field.default
             p.add_argument(f"--{field.name.replace('_', '-')}", type=type(default), metavar=field.name.upper(),
-                           help=f"default: {default}")
+                           help=f"default: {default}" if default != "" else "default: the target's own")
 
 
 # ---- handlers: each builds its trainer's config from the parsed options in one way (the run folder from --out,

@@ -153,7 +153,14 @@ def find_poss(model_path: str) -> tuple[Path, Path]:
 
     command = ("train them with `specgen train head --method poss --model PATH --base EAGLE_HEAD` "
                "(docs/eagle.md)")
-    base = eagle.find_head(model_path)
+    try:
+        base = eagle.find_head(model_path)
+    except ModelNotFound:
+        places = " or ".join(str(f) for f in eagle.head_folders(model_path))
+        raise ModelNotFound(f"method 'poss' needs an EAGLE head and position specialists trained for the target "
+                            f"{model_path} (no head trained for it in {places}); "
+                            "train a head with `specgen train head --method eagle --model PATH`, then specialists "
+                            "over it with `--method poss`") from None
     sha = _target_sha(model_path)
     for folder in poss_folders(model_path):
         path = folder / RECORD_FILE

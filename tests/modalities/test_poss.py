@@ -157,6 +157,10 @@ def test_specialists_for_another_head_are_refused(tmp_path, tiny):
     with pytest.raises(ModelNotFound, match="train head --method poss"):
         TextGenerator(str(other)).generate("ab", method="poss", max_new_tokens=2)
     assert not servable(TextGenerator(str(other)), get_method("text", "poss"))
+    # no EAGLE head at all: the error says what `poss` needs and both commands
+    (other / "eagle").rename(other / "old-eagle")
+    with pytest.raises(ModelNotFound, match="method 'poss' needs an EAGLE head.*--method eagle.*--method poss"):
+        TextGenerator(str(other)).generate("ab", method="poss", max_new_tokens=2)
 
 
 # ---- training -----------------------------------------------------------------------------------------------------
