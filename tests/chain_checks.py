@@ -43,6 +43,19 @@ class LeakyRule(ChainRejection):
         return super().__call__(draft, leaked, noise)
 
 
+def queued_and_alone(generator, method: str, params: dict | None = None, new_tokens: int = 16):
+    """(what each of five prompts got when two batch rows were refilled from a queue as requests finished, as
+    `serve` and `batch --rows` do; what each gets from plain decoding alone), by prompt index."""
+    prompts = [generator.encode(p) for p in ("abc abc abc (x", "x", "ab (ab ab (ab", "abc", "(x) (x) (x)")]
+    pipeline = generator.pipeline(method, prompts[:2], max_new_tokens=new_tokens, params=params or {})
+    served: dict[int, list[int]] = {}
+    for event in pipeline.run(prompts[:2], queue=iter(list(enumerate(prompts))[2:])):
+        served.setdefault(event.sample, []).extend(event.tokens)
+    alone = {i: generator.pipeline("ar", [p], max_new_tokens=new_tokens).generate([p]).tokens[0]
+             for i, p in enumerate(prompts)}
+    return served, alone
+
+
 def sampled_fit(generator, method: str, params: dict, rule=None):
     """(chi-square fit, stats) of 2,000 samples of 3 tokens after "ab" by `method` at temperature 1 and top-k 4 (few
     cells: a strong test with few samples) against the target's exact joint; `rule` replaces the method's."""

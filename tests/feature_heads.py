@@ -1,11 +1,14 @@
 """Helpers shared by the feature drafters' tests (test_eagle_text.py, test_poss.py): a head fitted for a few seconds
-to a tiny target's features, the draft's law computed the reference way, and the largest gap between a run's
-reported draft laws and that reference."""
+to a tiny target's features, the draft's law computed the reference way, the largest gap between a run's
+reported draft laws and that reference, and the exact-enumeration oracle over the head's chains."""
 
 import torch
 
-from chain_checks import Recorder
+from chain_checks import Recorder, chain_proposals
+from tiny_models import HFTable
 from specgen.modalities.drafters.eagle import TextEagleHead, load_head, output_layer
+from specgen.samplers.oracle import exact_output, max_abs_diff, target_joint
+from specgen.samplers.processing import Processing
 
 PROMPT = "abc abc abc (x"
 
@@ -79,3 +82,20 @@ def law_errors(generator, model, head, stale=False, method="eagle", draft_tokens
                 law = pipeline.processing(reference.logits(context, draft.tokens[row, :slot].tolist()))
                 worst = max(worst, float((draft.draft_probs[row, slot].double() - law).abs().max()))
     return worst
+
+
+def enumeration_gap(model, head, rule, chain: int, prompt=(0, 2, 3), new_tokens: int = 3) -> float:
+    """Largest gap between the output law of `rule` over every `chain`-token chain `head` can propose (its
+    reference law, temperature 1, top-k 2) and the target's exact joint of `new_tokens` tokens after `prompt`."""
+    processing = Processing(temperature=1.0, top_k=2)
+    reference, cache = HeadLaw(model, head), {}
+
+    def law(prefix, drafted):
+        if (prefix, drafted) not in cache:
+            cache[prefix, drafted] = processing(reference.logits(prefix, drafted))
+        return cache[prefix, drafted]
+
+    target = HFTable(model)
+    out = exact_output(target, processing, rule, lambda prefix: chain_proposals(law, prefix, chain), prompt,
+                       new_tokens)
+    return max_abs_diff(out, target_joint(target, processing, prompt, new_tokens))

@@ -375,9 +375,10 @@ class EagleDrafter:
                 "output_rows": None if self.vocab_ids is None else len(self.vocab_ids)}
 
 
-def build_drafter(generator, knobs: dict, processing: Processing, policy, engine) -> EagleDrafter:
-    """The pipeline's `eagle` drafter for a text generator (its target model, folder and engine)."""
-    head, vocab_ids = load_head(find_head(generator.model_path))
+def build_drafter(generator, knobs: dict, processing: Processing, policy, engine, loaded=None) -> EagleDrafter:
+    """The pipeline's `eagle` drafter for a text generator (its target model, folder and engine); `loaded`, a
+    (head, kept ids) pair, drafts with another head over the same chain (`poss`'s specialists)."""
+    head, vocab_ids = loaded or load_head(find_head(generator.model_path))
     return EagleDrafter(generator.model, engine, head, processing, vocab_ids=vocab_ids,
                         output_rows=knobs.get("output_rows", 0),
                         stop_policy=policy if hasattr(policy, "stop") else None)

@@ -209,7 +209,5 @@ def load_poss(folder: Path, base_folder: Path) -> tuple[PossHead, torch.Tensor |
 
 def build_drafter(generator, knobs: dict, processing, policy, engine) -> "eagle.EagleDrafter":
     """The pipeline's `poss` drafter: `eagle`'s chain drafter over the target's EAGLE head and its specialists."""
-    head, vocab_ids = load_poss(*find_poss(generator.model_path))
-    return eagle.EagleDrafter(generator.model, engine, head, processing, vocab_ids=vocab_ids,
-                              output_rows=knobs.get("output_rows", 0),
-                              stop_policy=policy if hasattr(policy, "stop") else None)
+    loaded = load_poss(*find_poss(generator.model_path))
+    return eagle.build_drafter(generator, knobs, processing, policy, engine, loaded)

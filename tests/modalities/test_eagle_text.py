@@ -11,16 +11,15 @@ import json
 import pytest
 import torch
 
-from chain_checks import LeakyRule, Recorder, chain_proposals, sampled_fit
-from feature_heads import HeadLaw, PROMPT, fitted_head, law_errors
-from tiny_models import HFTable, save_tiny, save_tiny_gemma_served
+from chain_checks import LeakyRule, Recorder, queued_and_alone, sampled_fit
+from feature_heads import PROMPT, enumeration_gap, fitted_head, law_errors
+from tiny_models import save_tiny, save_tiny_gemma_served
 from specgen.errors import InvalidRequest, ModelNotFound
 from specgen.modalities.drafters.eagle import EagleDrafter, find_head
 from specgen.modalities.pipeline import servable
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget
 from specgen.modalities.text.generator import TextGenerator, load_causal_lm
 from specgen.samplers.acceptance import ChainRejection
-from specgen.samplers.oracle import exact_output, max_abs_diff, target_joint
 from specgen.samplers.processing import Processing
 from specgen.samplers.registry import get_method
 
@@ -126,18 +125,7 @@ def test_the_drafts_law_leaking_into_the_output_fails_the_same_test(generator):
 @pytest.mark.parametrize("rule,exact", [(ChainRejection(), True), (LeakyRule(), False)])
 def test_the_chain_rule_with_the_heads_law_is_exact(tiny, rule, exact):
     folder, model, head = tiny
-    processing = Processing(temperature=1.0, top_k=2)
-    reference, cache = HeadLaw(model, head), {}
-
-    def law(prefix, drafted):
-        if (prefix, drafted) not in cache:
-            cache[prefix, drafted] = processing(reference.logits(prefix, drafted))
-        return cache[prefix, drafted]
-
-    target = HFTable(model)
-    prompt = (0, 2, 3)
-    out = exact_output(target, processing, rule, lambda prefix: chain_proposals(law, prefix, 2), prompt, 3)
-    gap = max_abs_diff(out, target_joint(target, processing, prompt, 3))
+    gap = enumeration_gap(model, head, rule, chain=2)
     assert gap < 1e-9 if exact else gap > 1e-3
 
 
@@ -177,15 +165,8 @@ def test_a_reduced_output_layer_on_a_served_gemma_is_exact(served_gemma):
 def test_continuous_batching_on_a_served_gemma_equals_each_prompt_alone(served_gemma):
     """Rows refilled with new requests (serve's continuous batching): the row's prefill rewrites its features and
     the head's cache rolls back to nothing it shares with the new prompt."""
-    generator, _ = served_gemma
-    prompts = [generator.encode(p) for p in (PROMPT, "x", "ab (ab ab (ab", "abc", "(x) (x) (x)")]
-    pipeline = generator.pipeline("eagle", prompts[:2], max_new_tokens=16)
-    served: dict[int, list[int]] = {}
-    for event in pipeline.run(prompts[:2], queue=iter(list(enumerate(prompts))[2:])):
-        served.setdefault(event.sample, []).extend(event.tokens)
-    for index, prompt in enumerate(prompts):
-        alone = generator.pipeline("ar", [prompt], max_new_tokens=16).generate([prompt]).tokens[0]
-        assert served[index] == alone, index
+    served, alone = queued_and_alone(served_gemma[0], "eagle")
+    assert served == alone
 
 
 # ---- where it is served -----------------------------------------------------------------------------------------

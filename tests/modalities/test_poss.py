@@ -11,16 +11,14 @@ import json
 import pytest
 import torch
 
-from chain_checks import LeakyRule, chain_proposals, sampled_fit
-from feature_heads import PROMPT, HeadLaw, fitted_head, law_errors
-from tiny_models import HFTable, save_tiny
+from chain_checks import LeakyRule, queued_and_alone, sampled_fit
+from feature_heads import PROMPT, enumeration_gap, fitted_head, law_errors
+from tiny_models import save_tiny
 from specgen.errors import ModelNotFound
 from specgen.modalities.drafters.poss import PossHead, find_poss, load_poss
 from specgen.modalities.pipeline import servable
 from specgen.modalities.text.generator import TextGenerator, load_causal_lm
 from specgen.samplers.acceptance import ChainRejection
-from specgen.samplers.oracle import exact_output, max_abs_diff, target_joint
-from specgen.samplers.processing import Processing
 from specgen.samplers.registry import get_method
 
 
@@ -101,14 +99,8 @@ def test_ragged_prompts_decode_as_they_do_alone(generator):
 def test_continuous_batching_equals_each_prompt_alone(generator):
     """Rows refilled with new requests (`serve`, `batch --rows`): every specialist's cache rolls back to nothing
     it shares with the row's new prompt."""
-    prompts = [generator.encode(p) for p in (PROMPT, "x", "ab (ab ab (ab", "abc", "(x) (x) (x)")]
-    pipeline = generator.pipeline("poss", prompts[:2], max_new_tokens=16, params={"num_draft_tokens": 4})
-    served: dict[int, list[int]] = {}
-    for event in pipeline.run(prompts[:2], queue=iter(list(enumerate(prompts))[2:])):
-        served.setdefault(event.sample, []).extend(event.tokens)
-    for index, prompt in enumerate(prompts):
-        alone = generator.pipeline("ar", [prompt], max_new_tokens=16).generate([prompt]).tokens[0]
-        assert served[index] == alone, index
+    served, alone = queued_and_alone(generator, "poss", {"num_draft_tokens": 4})
+    assert served == alone
 
 
 def test_sampled_poss_follows_the_target(generator):
@@ -125,18 +117,7 @@ def test_the_drafts_law_leaking_into_the_output_fails_the_same_test(generator):
 @pytest.mark.parametrize("rule,exact", [(ChainRejection(), True), (LeakyRule(), False)])
 def test_the_chain_rule_with_the_specialists_law_is_exact(tiny, rule, exact):
     folder, model, _, head = tiny
-    processing = Processing(temperature=1.0, top_k=2)
-    reference, cache = HeadLaw(model, head), {}
-
-    def law(prefix, drafted):
-        if (prefix, drafted) not in cache:
-            cache[prefix, drafted] = processing(reference.logits(prefix, drafted))
-        return cache[prefix, drafted]
-
-    target = HFTable(model)
-    prompt = (0, 2, 3)
-    out = exact_output(target, processing, rule, lambda prefix: chain_proposals(law, prefix, 3), prompt, 3)
-    gap = max_abs_diff(out, target_joint(target, processing, prompt, 3))
+    gap = enumeration_gap(model, head, rule, chain=3)
     assert gap < 1e-9 if exact else gap > 1e-3
 
 
