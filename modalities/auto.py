@@ -25,6 +25,9 @@ SHADOWED = ("ngram",)
 # drafters that read the target's features of every committed token (the image EAGLE head): they cannot sit out a
 # step, so auto does not offer them
 EVERY_STEP = ("eagle-head",)
+# `parallel` drafts in a process of its own while the target verifies: its step cost is an overlap that auto's
+# cost model (draft then verify) does not describe, and a candidate that sits out steps wastes its speculation
+OWN_PROCESS = ("parallel",)
 MAX_CHAIN = 16  # the longest chain draft auto tries
 
 
@@ -39,7 +42,7 @@ def candidate_names(generator, knobs: dict) -> list[str]:
     # a method that reads a datastore joins only when named: building one is minutes, not part of a request; one
     # that needs a trained head or adapter joins where the target has one
     return [s.name for s in all_methods() if s.modality == generator.modality and s.lossless
-            and s.drafter not in (None, "auto", *EVERY_STEP) and s.policy == "fixed"
+            and s.drafter not in (None, "auto", *EVERY_STEP, *OWN_PROCESS) and s.policy == "fixed"
             and not any(k.name == "datastore" for k in s.knobs) and servable(generator, s)]
 
 

@@ -199,6 +199,25 @@ register(MethodSpec("draft-lookup", "text", True,
                     drafter="model-lookup", rule="chain", policy="fixed",
                     paper="Leviathan et al. 2023 with Saxena 2023's lookup",
                     knobs=(NUM_DRAFT_TOKENS, NGRAM_SIZE, MIN_NGRAM_SIZE, LENGTH_SCHEDULE)))
+BRANCHES = Knob("branches", int, 3, "windows drafted ahead per row while the target verifies: the likeliest next "
+                "contexts (all accepted with a guessed bonus, or rejected at a slot with a guessed correction)", 1, 64)
+WORKER = ChoiceKnob("worker", str, "process", "'process': the draft in a process on its own core; 'inline': the "
+                    "same windows drafted on the calling thread (no overlap)", choices=("process", "inline"))
+# Mirror-SD (modalities/drafters/parallel.py): the draft model in a process of its own, drafting the next window
+# on every branch the verification may take while the target verifies this one
+register(MethodSpec("parallel", "text", True,
+                    "the draft model on a core of its own drafts the next window while the target verifies this "
+                    "one, on the likeliest branches the verification may take (all accepted with a guessed bonus, or "
+                    "rejected at a slot with a guessed correction); a window is used only when its context is "
+                    "the committed one; exact rejection sampling (greedy match at temperature 0)",
+                    drafter="parallel", rule="chain", policy="fixed",
+                    paper="Bhendawade et al. 2025, Mirror Speculative Decoding (arXiv 2510.13161)",
+                    knobs=(NUM_DRAFT_TOKENS,
+                           BRANCHES,  # 3: among the fastest of 2-6 on the code pair (docs/parallel.md)
+                           Knob("max_matching_ngram_size", int, 5, "longest n-gram prompt lookup matches to fill a "
+                                "drafted slot, as in draft-lookup (0: the draft model alone)", 0, 16),
+                           MIN_NGRAM_SIZE,
+                           WORKER)))
 TREE_BUDGET = Knob("tree_budget", int, 16, "drafted tree nodes per step (the root excluded)", 1, 256)
 TREE_DEPTH = Knob("max_depth", int, 8, "deepest drafted node (also the loop's draft length)", 1, 64)
 register(MethodSpec("sequoia", "text", True,
@@ -400,6 +419,15 @@ register(MethodSpec("sd", "speech", True,
                     "(greedy match at temperature 0)", drafter="model", rule="chain", policy="fixed",
                     paper="Leviathan et al. 2023; Chen et al. 2023",
                     knobs=(SPEECH_DRAFT_TOKENS, LENGTH_SCHEDULE)))
+register(MethodSpec("parallel", "speech", True,
+                    "the draft speech model on a core of its own drafts the next chain while the target verifies "
+                    "this one, on the likeliest branches the verification may take; a chain is used only when its "
+                    "context is the committed one; exact rejection sampling", drafter="parallel", rule="chain",
+                    policy="fixed", paper="Bhendawade et al. 2025, Mirror Speculative Decoding (arXiv 2510.13161)",
+                    # 2 tokens, 2 branches: a speech draft forward costs a quarter of a 5-token verify, so longer
+                    # chains and more branches outlast the verify they hide behind (docs/parallel.md)
+                    knobs=(Knob("num_draft_tokens", int, 2, NUM_DRAFT_TOKENS.help, 1, 64),
+                           Knob("branches", int, 2, BRANCHES.help, 1, 64), WORKER)))
 register(MethodSpec("ssd", "speech", False,
                     "the draft model's chain verified with a tolerance: a drafted token is accepted if "
                     "u < min(1, target/draft) + beta (never where the target gives it 0), recovered from the "

@@ -21,6 +21,13 @@ from specgen.samplers.processing import Processing, prefix_routes
 from specgen.samplers.types import DecodeContext, Draft, Verdict
 
 
+ALTERNATIVES = 3  # runners-up kept per drafted slot (`ModelDrafter.alternatives`)
+
+
+class Interrupted(Exception):
+    """Raised inside `propose` when the drafter's `interrupt()` says the proposal is no longer wanted."""
+
+
 class ModelDrafter:
     """vocab_ids: [draft_vocab] target ids of the draft's tokens (None: the draft shares the target vocabulary).
     With a reduced vocabulary, target tokens outside it are fed to the draft as `unknown_id` and can never be
@@ -58,6 +65,15 @@ class ModelDrafter:
         # [rows, drafted] max of the draft's temperature-1 law at each drafted slot of the last proposal, known
         # before the slot's token is drawn (TETRIS ranks slots by it; at temperature 0 the drafted law is one-hot)
         self.confidence: torch.Tensor | None = None
+        # at each drafted slot of the last proposal, under the draft's temperature-1 law: the probability of the
+        # drafted token [rows, drafted], and the ALTERNATIVES likeliest other tokens (target ids) with theirs
+        # [rows, drafted, ALTERNATIVES]: its guesses of the target's correction were the slot rejected (`parallel`)
+        self.drafted_probs: torch.Tensor | None = None
+        self.alternatives: torch.Tensor | None = None
+        self.alternative_probs: torch.Tensor | None = None
+        # interrupt() -> bool, asked before every draft forward: True abandons the proposal (raises Interrupted);
+        # `parallel` asks whether the request that arrived meanwhile still wants the drafting in progress
+        self.interrupt = None
 
     def _draft_ids(self, tokens: torch.Tensor) -> torch.Tensor:
         return tokens if self.to_draft is None else self.to_draft[tokens]
@@ -84,7 +100,7 @@ class ModelDrafter:
         # one); they are fed with the first forward the proposal needs
         backlog = self._catch_up(ctx)
         positions = ctx.next_positions  # position of the first drafted token
-        drafted, laws, confidence = [], [], []
+        drafted, laws, confidence, runners_up = [], [], [], []
         stops = ChainStops(self.stop_policy, len(rows), budget)  # rows that stop keep drafting; they are cut after
         prefixes = [t.tolist() for t in ctx.tokens] if self.lookup is not None else None
         # `draft-lookup` without a stop rule: a slot that lookup fills in every row needs no draft law, so the
@@ -104,6 +120,7 @@ class ModelDrafter:
             if last is None:  # every row looked up: point masses, and their confidence is 1
                 law = self._point_masses(torch.zeros(len(rows), width), fills)
                 confidence.append(torch.ones(len(rows)))
+                plain = law
             else:
                 plain = self._plain_law(last)  # the temperature-1 law: the stop rules' input and the confidence
                 if stops.all_stop(plain, d):
@@ -116,6 +133,7 @@ class ModelDrafter:
                 index = law.argmax(-1)
             else:
                 index = sample_categorical(law, counter_uniform(ctx.seed, ctx.sample_ids, positions + d, Purpose.DRAFT))
+            runners_up.append(_runners_up(plain, index))
             token = index if self.vocab_ids is None else self.vocab_ids[index]
             drafted.append(token)
             laws.append(law)
@@ -141,6 +159,8 @@ class ModelDrafter:
                 self.cached[row] = context + [int(t[i]) for t in drafted[:fed]]
         ragged = stops.ragged(len(drafted))
         self.confidence = torch.stack(confidence, 1)
+        self.drafted_probs, others, self.alternative_probs = (torch.stack(parts, 1) for parts in zip(*runners_up))
+        self.alternatives = others if self.vocab_ids is None else self.vocab_ids[others]
         return Draft(torch.stack(drafted, 1), torch.stack(laws, 1), num_drafted=ragged, vocab_ids=self.vocab_ids)
 
     def _feed(self, rows: torch.Tensor, backlog, feed: torch.Tensor, first: torch.Tensor,
@@ -148,6 +168,8 @@ class ModelDrafter:
         """Score and cache the backlog's committed tokens (None: already fed) followed by the drafted tokens `feed`
         [rows, u], the first of them at position `first` [rows]; return the draft's logits after the last one
         (`logits` False: only cache them, and skip the output layer over the whole backlog)."""
+        if self.interrupt is not None and self.interrupt():
+            raise Interrupted
         u = feed.shape[1]
         if backlog is None:
             tokens, counts = feed, torch.zeros(len(rows), dtype=torch.long)
@@ -202,6 +224,17 @@ class ModelDrafter:
         self.engine.prefill([torch.zeros(1, dtype=torch.long)] * batch)  # empty caches
         self.cached = [[] for _ in range(batch)]
 
+    def held(self) -> list[list[int]]:
+        """The tokens each row's cache holds now; `rewind` undoes the proposals made since, row by row."""
+        return list(self.cached)
+
+    def rewind(self, held: list[list[int]], row: int, context: list[int]) -> None:
+        """Return `row` to the part of what it `held` that proposals on `context` left intact: the longest common
+        prefix of the two, as their catch-up computes it (they write only past it)."""
+        keep = _common_prefix(held[row], context)
+        self.engine.cache.lengths[row] = keep
+        self.cached[row] = held[row][:keep]
+
     # A backlog longer than this (a prompt: the first step, or a served queue's new request in a row) is cached in
     # a forward of its own over those rows, so the step's shared forward is not padded to a prompt's width for
     # every row, and a long-running row beside a long new prompt cannot overflow the padded window.
@@ -228,11 +261,8 @@ class ModelDrafter:
         committed tokens still to feed (at least the pending one), right-padded, and their counts."""
         feeds = []
         for i, row in enumerate(ctx.rows.tolist()):
-            context, cached = ctx.tokens[i].tolist(), self.cached[row]
-            common = 0
-            limit = min(len(cached), len(context) - 1)
-            while common < limit and cached[common] == context[common]:
-                common += 1
+            context = ctx.tokens[i].tolist()
+            common = _common_prefix(self.cached[row], context)
             self.engine.cache.lengths[row] = common
             feeds.append(context[common:])
         self._feed_long_backlogs(ctx.rows, feeds)
@@ -241,3 +271,18 @@ class ModelDrafter:
         for i, feed in enumerate(feeds):
             tokens[i, :len(feed)] = torch.tensor(feed)
         return tokens, counts
+
+
+def _common_prefix(cached: list[int], context: list[int]) -> int:
+    """How many leading tokens of `context` but its last (pending) one a cache holding `cached` keeps."""
+    common, limit = 0, min(len(cached), len(context) - 1)
+    while common < limit and cached[common] == context[common]:
+        common += 1
+    return common
+
+
+def _runners_up(plain: torch.Tensor, drafted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(probability of the drafted index [rows], the ALTERNATIVES likeliest other indices [rows, A], theirs)."""
+    top = plain.topk(min(ALTERNATIVES + 1, plain.shape[-1]), -1)  # [rows, A + 1]
+    order = torch.argsort((top.indices == drafted[:, None]).int(), dim=-1, stable=True)[:, :ALTERNATIVES]
+    return plain.gather(-1, drafted[:, None])[:, 0], top.indices.gather(-1, order), top.values.gather(-1, order)

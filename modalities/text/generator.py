@@ -65,7 +65,7 @@ def default_method(model: str | None, draft: str | None) -> str:
 # 5fa71d4:benchmarks/draft-length-code-20261202T1506Z.md).
 # Verifying 13 tokens costs this small target about twice a plain step, so long drafts pay; Gemma's output layer
 # makes them cost more there.
-CODE_DRAFT_LENGTHS = {"ngram": 12, "draft": 8, "draft-lookup": 8, "eagle": 8, "poss": 8}
+CODE_DRAFT_LENGTHS = {"ngram": 12, "draft": 8, "draft-lookup": 8, "eagle": 8, "poss": 8, "parallel": 8}
 
 
 EXAMPLE_PROMPTS = {"gemma": "The old bridge over the river was", "code": "def fibonacci(n):\n"}
@@ -362,6 +362,21 @@ class TextGenerator(Generator):
         or in a batch, and one-token steps skip torch's per-op overhead. Other models keep their own runner."""
         return TransformersTarget(self.model, capacity, decode_kernel=True)
 
+    def _parallel_drafter(self, knobs: dict, processing: Processing):
+        from specgen.modalities.drafters.parallel import DraftConfig, ParallelDrafter
+
+        if processing.constraint is not None or processing.hooks or processing.guidance_scale is not None:
+            raise InvalidRequest("method 'parallel' takes temperature, top_k and top_p only; use 'draft'")
+        if self.draft_path is None:
+            raise InvalidRequest("method 'parallel' needs a draft model (--draft PATH)")
+        draft = self.draft_model  # loads and checks the draft (and its vocab_ids) here, before a process starts
+        config = DraftConfig(str(self.draft_path), self.model.config.vocab_size, processing,
+                             int8_head=gemma.is_served(self.model_path),
+                             branches=knobs["branches"], max_ngram=knobs["max_matching_ngram_size"],
+                             min_ngram=knobs["min_matching_ngram_size"])
+        inline = knobs["worker"] == "inline"
+        return ParallelDrafter(config, inline=inline, model=draft if inline else None, vocab_ids=self.draft_vocab_ids)
+
     def _drafter(self, kind: str | None, knobs: dict, processing: Processing, policy=None):
         if kind is None:
             return None
@@ -383,6 +398,8 @@ class TextGenerator(Generator):
             return ModelDrafter(draft, processing, target_vocab_size=self.model.config.vocab_size, vocab_ids=reduced,
                                 unknown_id=0 if reduced is None else len(reduced), lookup=lookup,
                                 int8_head=gemma.is_served(self.model_path))
+        if kind == "parallel":  # the draft on a core of its own (modalities/drafters/parallel.py)
+            return self._parallel_drafter(knobs, processing)
         if kind == "ngram":
             return PromptLookupDrafter(knobs["max_matching_ngram_size"], knobs["min_matching_ngram_size"])
         if kind in ("stand", "rest", "dresd", "consensus"):  # model-free (modalities/drafters/model_free.py)

@@ -204,3 +204,16 @@ def test_groups_are_cached_per_model_and_theta(tiny, tmp_path, monkeypatch):
 def test_bad_relaxed_knobs_are_clear_errors(tiny, knobs, words):
     with pytest.raises(InvalidRequest, match=words.replace("(", r"\(")):
         SpeechGenerator(*tiny).generate("hello", max_new_tokens=5, decode=False, **knobs)
+
+
+@pytest.mark.parametrize("temperature", [0, 1.0])
+def test_parallel_drafting_gives_sd_tokens(tiny, temperature):
+    """`parallel` (the draft in a process of its own, docs/parallel.md) serves sd's chains from the branches it
+    drafted ahead: the same tokens as sd for the same seed, at temperature 0 and when sampling."""
+    generator = SpeechGenerator(*tiny)
+    options = dict(temperature=temperature, max_new_tokens=40, num_samples=3, seed=7, decode=False,
+                   num_draft_tokens=3)
+    sd = generator.generate("good night", method="sd", **options)
+    parallel = generator.generate("good night", method="parallel", branches=3, **options)
+    assert [s["tokens"] for s in parallel.samples] == [s["tokens"] for s in sd.samples]
+    assert parallel.stats["ahead_hits"] + parallel.stats["ahead_misses"] > 0
