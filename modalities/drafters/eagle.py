@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from specgen.errors import InvalidRequest, ModelNotFound
 from specgen.kernels import sample_categorical
+from specgen.modalities.drafters.model import common_prefix
 from specgen.modalities.image.eagle_head.head import FC_FILE, EagleHead
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget
 from specgen.samplers.length_policies import ChainStops
@@ -251,10 +252,8 @@ class EagleDrafter:
         for i, row in enumerate(rows):
             if i not in self._step_contexts:
                 self._step_contexts[i] = ctx.tokens[i].tolist()
-            context, cached = self._step_contexts[i], self.cached[index][row]
-            common, limit = 0, min(len(cached), len(context) - 1)
-            while common < limit and cached[common] == context[common]:
-                common += 1
+            context = self._step_contexts[i]
+            common = common_prefix(self.cached[index][row], context)
             engine.cache.lengths[row] = max(common - 1, 0)  # pairs 1 .. common - 1 still hold
             feeds.append((max(common, 1), len(context)))
             self.cached[index][row] = context

@@ -231,7 +231,7 @@ class ModelDrafter:
     def rewind(self, held: list[list[int]], row: int, context: list[int]) -> None:
         """Return `row` to the part of what it `held` that proposals on `context` left intact: the longest common
         prefix of the two, as their catch-up computes it (they write only past it)."""
-        keep = _common_prefix(held[row], context)
+        keep = common_prefix(held[row], context)
         self.engine.cache.lengths[row] = keep
         self.cached[row] = held[row][:keep]
 
@@ -262,7 +262,7 @@ class ModelDrafter:
         feeds = []
         for i, row in enumerate(ctx.rows.tolist()):
             context = ctx.tokens[i].tolist()
-            common = _common_prefix(self.cached[row], context)
+            common = common_prefix(self.cached[row], context)
             self.engine.cache.lengths[row] = common
             feeds.append(context[common:])
         self._feed_long_backlogs(ctx.rows, feeds)
@@ -273,7 +273,7 @@ class ModelDrafter:
         return tokens, counts
 
 
-def _common_prefix(cached: list[int], context: list[int]) -> int:
+def common_prefix(cached: list[int], context: list[int]) -> int:
     """How many leading tokens of `context` but its last (pending) one a cache holding `cached` keeps."""
     common, limit = 0, min(len(cached), len(context) - 1)
     while common < limit and cached[common] == context[common]:
