@@ -204,7 +204,7 @@ BRANCHES = Knob("branches", int, 3, "windows drafted ahead per row while the tar
 WORKER = ChoiceKnob("worker", str, "process", "'process': the draft in a process on its own core; 'inline': the "
                     "same windows drafted on the calling thread (no overlap)", choices=("process", "inline"))
 # Mirror-SD (modalities/drafters/parallel.py): the draft model in a process of its own, drafting the next window
-# on every branch the verification may take while the target verifies this one
+# on the likeliest branches the verification may take while the target verifies this one
 register(MethodSpec("parallel", "text", True,
                     "the draft model on a core of its own drafts the next window while the target verifies this "
                     "one, on the likeliest branches the verification may take (all accepted with a guessed bonus, or "

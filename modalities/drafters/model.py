@@ -65,9 +65,11 @@ class ModelDrafter:
         # [rows, drafted] max of the draft's temperature-1 law at each drafted slot of the last proposal, known
         # before the slot's token is drawn (TETRIS ranks slots by it; at temperature 0 the drafted law is one-hot)
         self.confidence: torch.Tensor | None = None
-        # at each drafted slot of the last proposal, under the draft's temperature-1 law: the probability of the
-        # drafted token [rows, drafted], and the ALTERNATIVES likeliest other tokens (target ids) with theirs
-        # [rows, drafted, ALTERNATIVES]: its guesses of the target's correction were the slot rejected (`parallel`)
+        # with keep_runners_up (`parallel` sets it; off, the proposal skips the top-k per slot), at each drafted slot
+        # of the last proposal, under the draft's temperature-1 law: the probability of the drafted token [rows,
+        # drafted], and the ALTERNATIVES likeliest other tokens (target ids) with theirs [rows, drafted,
+        # ALTERNATIVES]: its guesses of the target's correction were the slot rejected
+        self.keep_runners_up = False
         self.drafted_probs: torch.Tensor | None = None
         self.alternatives: torch.Tensor | None = None
         self.alternative_probs: torch.Tensor | None = None
@@ -120,7 +122,7 @@ class ModelDrafter:
             if last is None:  # every row looked up: point masses, and their confidence is 1
                 law = self._point_masses(torch.zeros(len(rows), width), fills)
                 confidence.append(torch.ones(len(rows)))
-                plain = law
+                plain = law  # a point mass has no runners-up to guess
             else:
                 plain = self._plain_law(last)  # the temperature-1 law: the stop rules' input and the confidence
                 if stops.all_stop(plain, d):
@@ -133,7 +135,8 @@ class ModelDrafter:
                 index = law.argmax(-1)
             else:
                 index = sample_categorical(law, counter_uniform(ctx.seed, ctx.sample_ids, positions + d, Purpose.DRAFT))
-            runners_up.append(_runners_up(plain, index))
+            if self.keep_runners_up:
+                runners_up.append(_runners_up(plain, index))
             token = index if self.vocab_ids is None else self.vocab_ids[index]
             drafted.append(token)
             laws.append(law)
@@ -159,8 +162,9 @@ class ModelDrafter:
                 self.cached[row] = context + [int(t[i]) for t in drafted[:fed]]
         ragged = stops.ragged(len(drafted))
         self.confidence = torch.stack(confidence, 1)
-        self.drafted_probs, others, self.alternative_probs = (torch.stack(parts, 1) for parts in zip(*runners_up))
-        self.alternatives = others if self.vocab_ids is None else self.vocab_ids[others]
+        if runners_up:
+            self.drafted_probs, others, self.alternative_probs = (torch.stack(part, 1) for part in zip(*runners_up))
+            self.alternatives = others if self.vocab_ids is None else self.vocab_ids[others]
         return Draft(torch.stack(drafted, 1), torch.stack(laws, 1), num_drafted=ragged, vocab_ids=self.vocab_ids)
 
     def _feed(self, rows: torch.Tensor, backlog, feed: torch.Tensor, first: torch.Tensor,

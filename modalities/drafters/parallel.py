@@ -80,8 +80,8 @@ class Ahead:
     """The drafting logic of the draft process (also run inline, on the caller's thread, for comparison and
     tests): `answer` a request, then `speculate` on its branches. Real row r drafts on the draft cache rows
     r * branches .. r * branches + branches - 1; `home[r]` is the one that drafted its latest window. Every chain
-    is drafted one token past the window: that slot's token and its runner-up are the guessed bonus tokens of
-    the full-acceptance branches."""
+    is drafted one token past the window: that slot's token and its runners-up are the guessed bonus tokens of
+    the full-acceptance branches (`_candidates`)."""
 
     def __init__(self, drafter: ModelDrafter, branches: int, jitter_s: float = 0.0):
         if branches < 1:
@@ -154,10 +154,9 @@ class Ahead:
     # ---- speculating ----------------------------------------------------------------------------------------
 
     def speculate(self, interrupt=None) -> None:
-        """Draft the next chain on each branch of the last answered windows, in one batched proposal: full
-        acceptance with the guessed bonus, rejection at slot 0 with the guessed correction, full acceptance with
-        the bonus's runner-up, then rejection at slots 1, 2, ... (`branches` in all). `interrupt()`, asked before
-        every draft forward, abandons it (its rows are then rewound)."""
+        """Draft the next chain on the `branches` likeliest next contexts of each last answered window
+        (`_candidates`), in one batched proposal. `interrupt()`, asked before every draft forward, abandons it (its
+        rows are then rewound)."""
         rows, sample_ids, seed, budget, chains = self.last
         self.held, self.done = self.drafter.held(), False
         self.drafter.interrupt = self._asker(interrupt)
@@ -292,13 +291,10 @@ class Ahead:
 
 def build_model_drafter(config: DraftConfig, model=None) -> ModelDrafter:
     """The `ModelDrafter` a `DraftConfig` describes (loading the draft unless `model` is given)."""
-    import json
-    from pathlib import Path
+    from specgen.modalities.text.generator import draft_vocab_ids
 
     model = model if model is not None else load_draft(config)
-    mapping = Path(config.draft_path) / "vocab_ids.json"
-    reduced = torch.tensor(json.loads(mapping.read_text())) if mapping.exists() else None
-    processing = config.processing
+    reduced = draft_vocab_ids(config.draft_path) if config.loader == "text" else None
     lookup = None
     if config.max_ngram > 0:
         from specgen.modalities.text.ngram import LookupSlots
@@ -306,9 +302,11 @@ def build_model_drafter(config: DraftConfig, model=None) -> ModelDrafter:
         lookup = LookupSlots(config.max_ngram, config.min_ngram)
     # speculation drafts up to two windows past the committed context: room past the model's positions
     capacity = getattr(model.config, "max_position_embeddings", 2048) + 2 * 66
-    return ModelDrafter(model, processing, target_vocab_size=config.target_vocab_size, vocab_ids=reduced,
-                        unknown_id=0 if reduced is None else len(reduced), capacity=capacity,
-                        int8_head=config.int8_head, lookup=lookup)
+    drafter = ModelDrafter(model, config.processing, target_vocab_size=config.target_vocab_size, vocab_ids=reduced,
+                           unknown_id=0 if reduced is None else len(reduced), capacity=capacity,
+                           int8_head=config.int8_head, lookup=lookup)
+    drafter.keep_runners_up = True  # the branches' guesses
+    return drafter
 
 
 def load_draft(config: DraftConfig):
@@ -476,6 +474,17 @@ def main() -> None:
 
     address, key = sys.stdin.read().split()
     serve(Client(address, authkey=bytes.fromhex(key)))
+
+
+def parallel_drafter(knobs: dict, model, draft_path, target_vocab_size: int, processing: Processing, *,
+                     vocab_ids: torch.Tensor | None = None, **config) -> "ParallelDrafter":
+    """The `parallel` drafter of a request: its knobs (`branches`, `worker`, the lookup sizes where the method has
+    them) over the draft `model` loaded from `draft_path`; `config`: further `DraftConfig` fields."""
+    config = DraftConfig(str(draft_path), target_vocab_size, processing, branches=knobs["branches"],
+                         max_ngram=knobs.get("max_matching_ngram_size", 0),
+                         min_ngram=knobs.get("min_matching_ngram_size", 2), **config)
+    inline = knobs["worker"] == "inline"
+    return ParallelDrafter(config, inline=inline, model=model if inline else None, vocab_ids=vocab_ids)
 
 
 class ParallelDrafter:

@@ -218,13 +218,11 @@ class SpeechGenerator(Generator):
         if spec.drafter == "model":
             return ModelDrafter(self.draft_model, processing, target_vocab_size=self.vocab.vocab_size)
         if spec.drafter == "parallel":  # the draft on a core of its own (modalities/drafters/parallel.py)
-            from specgen.modalities.drafters.parallel import DraftConfig, ParallelDrafter
+            from specgen.modalities.drafters.parallel import parallel_drafter
 
             draft = self.draft_model  # loads and checks it here, before a process starts
-            config = DraftConfig(str(self.draft_path), self.vocab.vocab_size, processing, loader="speech",
-                                 branches=knobs["branches"])
-            inline = knobs["worker"] == "inline"
-            return ParallelDrafter(config, inline=inline, model=draft if inline else None)
+            return parallel_drafter(knobs, draft, self.draft_path, self.vocab.vocab_size, processing,
+                                    loader="speech")
         return super().drafter(spec, knobs, processing, policy, engine)
 
     def rule_options(self, spec, knobs: dict, drafter) -> dict:

@@ -128,6 +128,13 @@ def load_causal_lm(path: str, dtype=torch.float32):
         raise ModelNotFound(f"cannot load model {path!r} offline: {str(exc).splitlines()[0]}") from None
 
 
+def draft_vocab_ids(folder) -> torch.Tensor | None:
+    """Target ids of a draft's reduced vocabulary (`vocab_ids.json`, written by `specgen train draft --vocab-size
+    N`), or None for a draft over the target's vocabulary."""
+    mapping = Path(folder) / "vocab_ids.json"
+    return torch.tensor(json.loads(mapping.read_text())) if mapping.exists() else None
+
+
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
@@ -189,8 +196,7 @@ class TextGenerator(Generator):
                 raise InvalidRequest("method 'draft' needs a draft model (--draft PATH)")
             gemma.require_extra_for(self.draft_path)
             draft = load_causal_lm(self.draft_path, self.dtype)
-            mapping = Path(self.draft_path) / "vocab_ids.json"  # written by `specgen train draft --vocab-size N`
-            self.draft_vocab_ids = torch.tensor(json.loads(mapping.read_text())) if mapping.exists() else None
+            self.draft_vocab_ids = draft_vocab_ids(self.draft_path)
             draft_vocab, target_vocab = draft.config.vocab_size, self.model.config.vocab_size
             if self.draft_vocab_ids is None and draft_vocab != target_vocab:
                 raise VocabularyMismatch(f"the draft's vocabulary ({draft_vocab} tokens) does not map onto the "
@@ -363,19 +369,15 @@ class TextGenerator(Generator):
         return TransformersTarget(self.model, capacity, decode_kernel=True)
 
     def _parallel_drafter(self, knobs: dict, processing: Processing):
-        from specgen.modalities.drafters.parallel import DraftConfig, ParallelDrafter
+        from specgen.modalities.drafters.parallel import parallel_drafter
 
         if processing.constraint is not None or processing.hooks or processing.guidance_scale is not None:
             raise InvalidRequest("method 'parallel' takes temperature, top_k and top_p only; use 'draft'")
         if self.draft_path is None:
             raise InvalidRequest("method 'parallel' needs a draft model (--draft PATH)")
         draft = self.draft_model  # loads and checks the draft (and its vocab_ids) here, before a process starts
-        config = DraftConfig(str(self.draft_path), self.model.config.vocab_size, processing,
-                             int8_head=gemma.is_served(self.model_path),
-                             branches=knobs["branches"], max_ngram=knobs["max_matching_ngram_size"],
-                             min_ngram=knobs["min_matching_ngram_size"])
-        inline = knobs["worker"] == "inline"
-        return ParallelDrafter(config, inline=inline, model=draft if inline else None, vocab_ids=self.draft_vocab_ids)
+        return parallel_drafter(knobs, draft, self.draft_path, self.model.config.vocab_size, processing,
+                                vocab_ids=self.draft_vocab_ids, int8_head=gemma.is_served(self.model_path))
 
     def _drafter(self, kind: str | None, knobs: dict, processing: Processing, policy=None):
         if kind is None:
