@@ -460,11 +460,12 @@ def run_batch(input_path, output_path, *, engine: str = "local", model: str | No
               progress: bool = True, image_generator=None, image_model: str | None = None,
               image_vq: str | None = None, speech_generator=None, speech_paths: tuple = (None, None, None),
               video_generator=None, video_model: str | None = None, online_draft: int | None = None,
-              rows: int = 1) -> dict:
+              rows: int = 1, memory_budget_mb: float | None = None) -> dict:
     """Validate IN, skip ids already in OUT, run the rest, and return the summary dict. `online_draft`: update
     the text draft from its rejections every that many text items (online speculative decoding). `rows` > 1:
     greedy single-sample text requests with the same method and knobs decode that many at a time by continuous
-    batching (`TextGenerator.serve`), with the same tokens as one by one."""
+    batching (`TextGenerator.serve`), with the same tokens as one by one. `memory_budget_mb`: every text item that
+    names no budget of its own gets this one (rows and windows cut to fit it, `modalities/memory.py`)."""
     input_path, output_path = Path(input_path), Path(output_path)
     if engine not in ("local", "ray"):
         raise InvalidRequest(f"unknown engine {engine!r}; choose from: local, ray")
@@ -492,6 +493,11 @@ def run_batch(input_path, output_path, *, engine: str = "local", model: str | No
     if online_draft is not None:  # the draft learns from the requests it drafts for
         default_text = "draft"
     requests = load_requests(input_path, default_text_method=default_text)
+    if memory_budget_mb is not None:
+        budget = request_options.fields("text")["memory_budget_mb"].check(memory_budget_mb)
+        for request in requests:
+            if request.modality == "text":
+                request.params.setdefault("memory_budget_mb", budget)
     done = done_ids(output_path)
     pending = [r for r in requests if r.key not in done]
     summary = Summary(items=len(requests), skipped=len(requests) - len(pending))
@@ -534,7 +540,7 @@ def batch_command(args) -> int:
                         image_model=getattr(args, "image_model", None), image_vq=getattr(args, "image_vq", None),
                         video_model=getattr(args, "video_model", None),
                         online_draft=getattr(args, "online_draft", None), rows=getattr(args, "rows", 1),
-                        speech_paths=speech_paths)
+                        speech_paths=speech_paths, memory_budget_mb=getattr(args, "memory_budget", None))
     print(summary_table(summary), file=sys.stderr)
     if getattr(args, "json", False):
         print(json.dumps(summary))

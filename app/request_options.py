@@ -117,6 +117,9 @@ TEXT = (
     TOP_K,
     NUM_SAMPLES,
     SEED,
+    Field("memory_budget_mb", float, "peak resident memory of the process in MB: the method's window and the batch "
+          "rows are cut to what fits beside the loaded models (SpecMemo; default: no budget)", None, 0.0,
+          open_minimum=True, alias="memory_budget", metavar="MB"),
 )
 IMAGE = (  # video too
     replace(TEMPERATURE, help="0 means greedy (default: 1.0)", default=1.0, demo=replace(TEMPERATURE.demo, start=1.0)),

@@ -21,6 +21,9 @@ def add_batch_parser(commands, command) -> None:
     batch.add_argument("--rows", type=int_at_least(1), default=1, metavar="N",
                        help="greedy text items with the same method and knobs decode N at a time by continuous "
                             "batching, with the same tokens (default: 1, one by one)")
+    batch.add_argument("--memory-budget", type=float, metavar="MB",
+                       help="peak resident memory in MB for text items that name none: rows and windows are cut to "
+                            "fit beside the loaded models (default: no budget)")
     batch.add_argument("--model", help="text target: a Hugging Face causal LM path or id available offline")
     batch.add_argument("--draft", help="text draft model path or id")
     batch.add_argument("--image-model", metavar="DIR", help="image token model folder (default: the shipped one)")

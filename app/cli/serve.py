@@ -19,6 +19,9 @@ def add_serve_parser(commands, command) -> None:
                             "(default: the served model's default method)")
     serve.add_argument("--rows", type=int_at_least(1, 256), default=8, metavar="N",
                        help="batch rows per lane: requests decoding together (default: 8)")
+    serve.add_argument("--memory-budget", type=float, metavar="MB",
+                       help="peak resident memory in MB: rows per lane are cut so full-context requests at the "
+                            "default method fit beside the loaded model (default: no budget)")
     serve.add_argument("--host", default="127.0.0.1", type=non_empty, help="default: 127.0.0.1")
     serve.add_argument("--port", type=int_at_least(1, 65535), default=8000, help="default: 8000")
     serve.add_argument("--api-key", type=non_empty, metavar="KEY",
@@ -35,5 +38,6 @@ def _serve(args: argparse.Namespace) -> int:
 
     options = ServeOptions(model=args.model, draft=args.draft, method=args.method, rows=args.rows, host=args.host,
                            port=args.port, api_key=args.api_key,
-                           replicas=args.replicas, threads=args.threads or 1, grace_s=float(args.grace))
+                           replicas=args.replicas, threads=args.threads or 1, grace_s=float(args.grace),
+                           memory_budget_mb=args.memory_budget)
     return run(options)

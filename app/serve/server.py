@@ -21,6 +21,7 @@ class ServeOptions:
     replicas: int = 1  # > 1: Ray actors, each its own scheduler
     threads: int = 1
     grace_s: float = 10.0  # how long a shutdown lets running requests finish
+    memory_budget_mb: float | None = None  # rows per lane cut so a lane of full-context requests fits (SpecMemo)
 
 
 def served_name(options: ServeOptions) -> str:
@@ -39,7 +40,17 @@ def load_scheduler(options: ServeOptions):
 
     generator = TextGenerator(options.model, options.draft, threads=options.threads)
     ar_step_s = generator.measure_step_s(generator.example_prompt)  # also builds the compiled kernels
-    return Scheduler(generator, rows=options.rows, method=options.method, model_name=served_name(options),
+    rows = options.rows
+    if options.memory_budget_mb is not None:
+        import torch
+
+        # any request may fill the context, so a lane is planned for full-context rows at the default method's
+        # window (a request's own knobs are its own; the budget covers the default lane)
+        rows, _, plan = generator.memory_plan(options.method, [torch.tensor([0])], generator.context_size - 1, rows,
+                                              {"memory_budget_mb": options.memory_budget_mb}, cut_window=False)
+        log.warning("memory budget %g MB: %d rows per lane (predicted peak %.0f MB)", options.memory_budget_mb,
+                    rows, plan.predicted_peak_mb)
+    return Scheduler(generator, rows=rows, method=options.method, model_name=served_name(options),
                      ar_step_s=ar_step_s)
 
 

@@ -15,6 +15,8 @@ float32 every query of a forward goes through one call of a compiled kernel with
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -39,6 +41,23 @@ def _fused(layers):
     return lambda x: F.linear(x, weight)
 
 
+# model -> (stamp, per layer (fused q/k/v, fused gate/up)): a request builds a runner, and fusing Gemma 3 270M's int8
+# rows anew each time copied about 65 MB (a peak of resident memory per request, benchmarks/memory/budget-latest.md)
+# and cost time; the stamp (every parameter's and buffer's storage and version) notices an update of the weights
+_FUSED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _fused_layers(model) -> list[tuple]:
+    stamp = tuple((t.data_ptr(), t._version) for t in (*model.parameters(), *model.buffers()))
+    cached = _FUSED.get(model)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    fused = [(_fused([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
+              _fused([layer.mlp.gate_proj, layer.mlp.up_proj])) for layer in model.model.layers]
+    _FUSED[model] = (stamp, fused)
+    return fused
+
+
 class GemmaRunner:
     def __init__(self, model):
         config, body = model.config, model.model
@@ -49,17 +68,17 @@ class GemmaRunner:
         self.keep_hidden, self.last_hidden = False, None
         self._glue = None  # whether `kernels.gemma_layer` serves the layers: decided on first use (tests set it)
         self.layers = []
-        for layer_type, layer in zip(config.layer_types, body.layers):
+        for layer_type, layer, (qkv, gate_up) in zip(config.layer_types, body.layers, _fused_layers(model)):
             attn, mlp = layer.self_attn, layer.mlp
             self.layers.append({
                 "type": layer_type,
                 "norm_in": _norm(layer.input_layernorm),
-                "qkv": _fused([attn.q_proj, attn.k_proj, attn.v_proj]),
+                "qkv": qkv,
                 "q_norm": _norm(attn.q_norm), "k_norm": _norm(attn.k_norm),
                 "out": attn.o_proj, "scaling": attn.scaling,
                 "norm_post_attn": _norm(layer.post_attention_layernorm),
                 "norm_pre_mlp": _norm(layer.pre_feedforward_layernorm),
-                "gate_up": _fused([mlp.gate_proj, mlp.up_proj]), "down": mlp.down_proj,
+                "gate_up": gate_up, "down": mlp.down_proj,
                 "norm_post_mlp": _norm(layer.post_feedforward_layernorm),
             })
 

@@ -23,6 +23,12 @@ from specgen.kernels import decode_step
 from specgen.modalities.runtime import gemma_runner as gemma_runner, llama_runner
 
 
+def cache_slots(needed: int, capacity: int) -> int:
+    """Slots a layer's storage holds for `needed` positions: the next power of two (at least 64), at most the
+    model's capacity (what the memory model of `modalities/memory.py` counts)."""
+    return min(capacity, max(64, 1 << (needed - 1).bit_length()))
+
+
 class PositionCache(Cache):
     """Position-indexed KV storage with per-row lengths. `rows` selects the batch rows of the current forward."""
 
@@ -77,7 +83,7 @@ class PositionCache(Cache):
             self._grow(layer_idx, key_like, value_like, self.width)
 
     def _grow(self, layer_idx: int, key_states, value_states, needed: int) -> None:
-        slots = min(self.capacity, max(64, 1 << (needed - 1).bit_length()))
+        slots = cache_slots(needed, self.capacity)
         shape = (self.rows_total, key_states.shape[1], slots, key_states.shape[-1])
         keys, values = key_states.new_zeros(shape), value_states.new_zeros(shape[:3] + value_states.shape[-1:])
         if layer_idx in self.keys:

@@ -21,6 +21,7 @@ import torch
 
 from specgen.settings import use_threads
 from specgen.errors import InvalidRequest, ModelNotFound, VocabularyMismatch
+from specgen.modalities.memory import MemoryBudgetError
 from specgen.modalities.assets import assets_dir
 from specgen.modalities.drafters.model import ModelDrafter
 from specgen.modalities.text import gemma
@@ -229,11 +230,47 @@ class TextGenerator(Generator):
 
     def _request(self, prompt: str, method: str | None, num_samples: int, max_new_tokens: int,
                  stats: SpecStats | None, params: dict, **sampling):
+        budget = params.pop("memory_budget_mb", None)
         self.check_request(method, num_samples, params)
         prompt_ids = self.encode(prompt)
+        memory_plan = None
+        if budget is not None:  # SpecMemo: the window cut to fit the budget (the samples decode as rows at once)
+            self.check_length(prompt_ids, max_new_tokens)
+            rows, params, memory_plan = self.memory_plan(method, [prompt_ids], max_new_tokens, num_samples,
+                                                         {**params, "memory_budget_mb": budget})
+            if rows < num_samples:
+                raise MemoryBudgetError(f"a memory budget of {budget:g} MB holds {rows} of the {num_samples} samples "
+                                        "that decode together; ask for fewer samples or give more memory")
         pipeline = self.pipeline(method, [prompt_ids], max_new_tokens=max_new_tokens, sampling=sampling,
                                  params=params, stats=stats)
+        if memory_plan is not None:
+            pipeline.stats.reports.append(lambda: {"memory": memory_plan.summary()})
         return pipeline, [prompt_ids] * num_samples
+
+    def memory_plan(self, method: str | None, prompt_ids: Sequence[torch.Tensor], max_new_tokens: int, rows: int,
+                    params: dict, cut_window: bool = True):
+        """(rows, params, MemoryPlan): the batch rows and the method's window knob (unless not `cut_window`) cut to
+        what `memory_budget_mb` in `params` holds beside the loaded models, by the memory model
+        (modalities/memory.py)."""
+        from specgen.modalities import memory
+
+        params = dict(params)
+        budget = float(params.pop("memory_budget_mb"))
+        spec = registry.get_method(self.modality, method or self.default_method)
+        knobs = self.resolve_knobs(spec, params)
+        knob, window = memory.window_of(spec, knobs)
+        kind = spec.drafter or ""
+        draft = None
+        if kind in ("model", "model-lookup") or kind.startswith("tree-"):
+            draft = memory.ModelShape.of(self.draft_model)  # loaded now, so the resident set counts its weights
+        target = memory.ModelShape.of(self.model, self.capacity(spec, knobs, prompt_ids, max_new_tokens))
+        context = max(len(p) for p in prompt_ids) + max_new_tokens
+        chosen = memory.plan(budget, memory.resident_mb(), rows, window,
+                             lambda r, w: memory.footprint(target, draft, r, w, context, spec.rule == "tree"),
+                             adjustable=knob is not None and cut_window)
+        if knob is not None and chosen.window < window:
+            params[knob] = chosen.window - 1
+        return chosen.rows, params, chosen
 
     def _learns(self, method: str, num_samples: int) -> bool:
         """Whether this request feeds online distillation (`learn_online`)."""
@@ -253,6 +290,11 @@ class TextGenerator(Generator):
         prompt_ids = [self.encode(prompt) for prompt in prompts]
         if not prompt_ids:
             return
+        memory_plan, budget = None, params.pop("memory_budget_mb", None)
+        if budget is not None:  # SpecMemo: rows and window cut to fit the budget
+            self.check_request(method, 1, params)
+            rows, params, memory_plan = self.memory_plan(method, prompt_ids, max_new_tokens, min(rows, len(prompt_ids)),
+                                                         {**params, "memory_budget_mb": budget})
         pipeline = self.pipeline(method, prompt_ids, max_new_tokens=max_new_tokens,
                                  sampling={"temperature": temperature, "top_p": top_p, "top_k": top_k}, params=params)
         method, lossless = pipeline.method, pipeline.spec.lossless
@@ -272,6 +314,8 @@ class TextGenerator(Generator):
                              "drafted": sum(e.num_drafted for e in mine), "accepted": sum(e.num_accepted for e in mine),
                              "committed": len(tokens), "tau": len(tokens) / len(mine),
                              "latency_s": now - admitted[event.sample], "wall_s": now - previous, "served_rows": first}
+            if memory_plan is not None:
+                request_stats["memory"] = memory_plan.summary()
             previous = now
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
             yield event.sample, TextResult(text, tokens, request_stats, [{"text": text, "tokens": tokens}])
