@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from specgen.app.cli.options import existing_file, int_at_least, output_path
+from specgen.app.cli.options import existing_file, int_at_least, option_type, output_path
 from specgen.errors import InvalidRequest
 
 
@@ -21,7 +21,7 @@ def add_batch_parser(commands, command) -> None:
     batch.add_argument("--rows", type=int_at_least(1), default=1, metavar="N",
                        help="greedy text items with the same method and knobs decode N at a time by continuous "
                             "batching, with the same tokens (default: 1, one by one)")
-    batch.add_argument("--memory-budget", type=float, metavar="MB",
+    batch.add_argument("--memory-budget", type=option_type("text", "memory_budget_mb"), metavar="MB",
                        help="peak resident memory in MB for text items that name none: rows and windows are cut to "
                             "fit beside the loaded models (default: no budget)")
     batch.add_argument("--model", help="text target: a Hugging Face causal LM path or id available offline")

@@ -166,6 +166,11 @@ def _field_type(field: request_options.Field):
     return parse
 
 
+def option_type(modality: str, name: str):
+    """The argparse type of one request option (a flag that sets it outside `request_flags`, e.g. batch's)."""
+    return _field_type(request_options.fields(modality)[name])
+
+
 def request_values(args: argparse.Namespace, modality: str) -> dict:
     """The request options as generator keywords; one left unset (None) is the model's or generator's own."""
     return {name: getattr(args, name) for name in request_options.fields(modality)

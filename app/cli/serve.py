@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from specgen.app.cli.options import int_at_least, method_name, non_empty
+from specgen.app.cli.options import int_at_least, method_name, non_empty, option_type
 from specgen.samplers import registry
 
 
@@ -19,7 +19,7 @@ def add_serve_parser(commands, command) -> None:
                             "(default: the served model's default method)")
     serve.add_argument("--rows", type=int_at_least(1, 256), default=8, metavar="N",
                        help="batch rows per lane: requests decoding together (default: 8)")
-    serve.add_argument("--memory-budget", type=float, metavar="MB",
+    serve.add_argument("--memory-budget", type=option_type("text", "memory_budget_mb"), metavar="MB",
                        help="peak resident memory in MB: rows per lane are cut so full-context requests at the "
                             "default method fit beside the loaded model (default: no budget)")
     serve.add_argument("--host", default="127.0.0.1", type=non_empty, help="default: 127.0.0.1")

@@ -83,6 +83,10 @@ def test_cli_refuses_a_budget_below_the_loaded_models():
     bad = subprocess.run([sys.executable, "-m", "specgen", "generate", "text", "--memory-budget", "-3"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "memory_budget_mb must be a number > 0" in bad.stderr
+    for command in (["serve"], ["batch", "--input", __file__, "--output", "out.jsonl"]):
+        bad = subprocess.run([sys.executable, "-m", "specgen", *command, "--memory-budget", "0"], capture_output=True,
+                             text=True)
+        assert bad.returncode == 2 and "memory_budget_mb must be a number > 0" in bad.stderr
 
 
 def test_batch_runner_gives_text_items_the_budget(generator, tmp_path):
