@@ -80,13 +80,16 @@ def test_cli_refuses_a_budget_below_the_loaded_models():
     assert out.returncode == 2
     lines = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "memory budget of 50 MB" in lines[0] and "give at least" in lines[0]
-    bad = subprocess.run([sys.executable, "-m", "specgen", "generate", "text", "--memory-budget", "-3"],
-                         capture_output=True, text=True)
-    assert bad.returncode == 2 and "memory_budget_mb must be a number > 0" in bad.stderr
-    for command in (["serve"], ["batch", "--input", __file__, "--output", "out.jsonl"]):
-        bad = subprocess.run([sys.executable, "-m", "specgen", *command, "--memory-budget", "0"], capture_output=True,
-                             text=True)
-        assert bad.returncode == 2 and "memory_budget_mb must be a number > 0" in bad.stderr
+
+
+@pytest.mark.parametrize("command", [["generate", "text"], ["serve"], ["batch", "--input", __file__, "--output", "o"]])
+def test_every_budget_flag_refuses_a_non_positive_budget(command, capsys):
+    from specgen.app.cli import build_parser
+
+    for value in ("0", "-3"):
+        with pytest.raises(SystemExit) as stop:
+            build_parser().parse_args([*command, "--memory-budget", value])
+        assert stop.value.code == 2 and "memory_budget_mb must be a number > 0" in capsys.readouterr().err
 
 
 def test_batch_runner_gives_text_items_the_budget(generator, tmp_path):
