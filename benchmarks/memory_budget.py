@@ -39,11 +39,10 @@ def child(model: str, method: str, rows: int, max_new_tokens: int, budget: float
     if method != "ngram":
         generator.draft_model  # noqa: B018 - loaded before the resident set is read
     generator.generate(PROMPTS[0], method="ar", max_new_tokens=4)  # warm-up: the runtime's first allocations
-    params = {} if budget is None else {"memory_budget_mb": budget}
-    if length is not None:
-        params[_length_knob(method)] = length
+    knobs = {} if length is None else {_length_knob(method): length}
+    params = knobs if budget is None else {**knobs, "memory_budget_mb": budget}
     _, _, unconstrained = generator.memory_plan(method, [generator.encode(p) for p in PROMPTS], max_new_tokens,
-                                                rows, {**params, "memory_budget_mb": 1e9})
+                                                rows, knobs, 1e9)
     resident = memory.resident_mb()
     memory.reset_peak()
     started = time.perf_counter()

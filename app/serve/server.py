@@ -47,7 +47,7 @@ def load_scheduler(options: ServeOptions):
         # any request may fill the context, so a lane is planned for full-context rows at the default method's
         # window (a request's own knobs are its own; the budget covers the default lane)
         rows, _, plan = generator.memory_plan(options.method, [torch.tensor([0])], generator.context_size - 1, rows,
-                                              {"memory_budget_mb": options.memory_budget_mb}, cut_window=False)
+                                              {}, options.memory_budget_mb, cut_window=False)
         log.warning("memory budget %g MB: %d rows per lane (predicted peak %.0f MB)", options.memory_budget_mb,
                     rows, plan.predicted_peak_mb)
     return Scheduler(generator, rows=rows, method=options.method, model_name=served_name(options),

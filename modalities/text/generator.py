@@ -236,8 +236,8 @@ class TextGenerator(Generator):
         memory_plan = None
         if budget is not None:  # SpecMemo: the window cut to fit the budget (the samples decode as rows at once)
             self.check_length(prompt_ids, max_new_tokens)
-            rows, params, memory_plan = self.memory_plan(method, [prompt_ids], max_new_tokens, num_samples,
-                                                         {**params, "memory_budget_mb": budget})
+            rows, params, memory_plan = self.memory_plan(method, [prompt_ids], max_new_tokens, num_samples, params,
+                                                         budget)
             if rows < num_samples:
                 raise MemoryBudgetError(f"a memory budget of {budget:g} MB holds {rows} of the {num_samples} samples "
                                         "that decode together; ask for fewer samples or give more memory")
@@ -248,14 +248,13 @@ class TextGenerator(Generator):
         return pipeline, [prompt_ids] * num_samples
 
     def memory_plan(self, method: str | None, prompt_ids: Sequence[torch.Tensor], max_new_tokens: int, rows: int,
-                    params: dict, cut_window: bool = True):
-        """(rows, params, MemoryPlan): the batch rows and the method's window knob (unless not `cut_window`) cut to
-        what `memory_budget_mb` in `params` holds beside the loaded models, by the memory model
+                    params: dict, budget_mb: float, cut_window: bool = True):
+        """(rows, params, MemoryPlan): the batch rows and the method's window knob in `params` (unless not
+        `cut_window`) cut to what `budget_mb` holds beside the loaded models, by the memory model
         (modalities/memory.py)."""
         from specgen.modalities import memory
 
         params = dict(params)
-        budget = float(params.pop("memory_budget_mb"))
         spec = registry.get_method(self.modality, method or self.default_method)
         knobs = self.resolve_knobs(spec, params)
         knob, window = memory.window_of(spec, knobs)
@@ -265,7 +264,7 @@ class TextGenerator(Generator):
             draft = memory.ModelShape.of(self.draft_model)  # loaded now, so the resident set counts its weights
         target = memory.ModelShape.of(self.model, self.capacity(spec, knobs, prompt_ids, max_new_tokens))
         context = max(len(p) for p in prompt_ids) + max_new_tokens
-        chosen = memory.plan(budget, memory.resident_mb(), rows, window,
+        chosen = memory.plan(float(budget_mb), memory.resident_mb(), rows, window,
                              lambda r, w: memory.footprint(target, draft, r, w, context, spec.rule == "tree"),
                              adjustable=knob is not None and cut_window)
         if knob is not None and chosen.window < window:
@@ -294,7 +293,7 @@ class TextGenerator(Generator):
         if budget is not None:  # SpecMemo: rows and window cut to fit the budget
             self.check_request(method, 1, params)
             rows, params, memory_plan = self.memory_plan(method, prompt_ids, max_new_tokens, min(rows, len(prompt_ids)),
-                                                         {**params, "memory_budget_mb": budget})
+                                                         params, budget)
         pipeline = self.pipeline(method, prompt_ids, max_new_tokens=max_new_tokens,
                                  sampling={"temperature": temperature, "top_p": top_p, "top_k": top_k}, params=params)
         method, lossless = pipeline.method, pipeline.spec.lossless
