@@ -5,6 +5,14 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# The suite runs on one process per core (pytest-xdist, `-n auto` in pyproject.toml): torch in each keeps to one
+# thread, so two workers on two cores do not oversubscribe them.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import contextlib  # noqa: E402
+import fcntl  # noqa: E402
+import tempfile  # noqa: E402
 
 import pytest  # noqa: E402 - the environment above must be set first
 
@@ -19,3 +27,52 @@ def _isolated_user_cache(tmp_path_factory):
         os.environ.pop("SPECGEN_HOME", None)
     else:
         os.environ["SPECGEN_HOME"] = before
+
+
+
+@contextlib.contextmanager
+def _cpu_lock(exclusive: bool):
+    """A readers-writer lock between the suite's worker processes (a no-op in a run of one process). Every test
+    holds it shared while it runs, its fixtures' set-up and tear-down included; a test marked `timed` (it reads
+    wall-clock speed) holds it alone while it runs, so no other test shares the CPU while it times. Its module's
+    fixtures (loading and warming models) are set up before, outside the lock. The gate gives the timed test
+    precedence: once it waits, no other test starts until it has run."""
+    run_folder = os.environ.get("SPECGEN_TEST_RUN_FOLDER")
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not run_folder:
+        yield
+        return
+    with open(os.path.join(run_folder, "cpu.gate"), "a+") as gate, open(os.path.join(run_folder, "cpu.lock"), "a+") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            if not exclusive:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the controller (or a run of one process) names the folder its workers share
+        os.environ["SPECGEN_TEST_RUN_FOLDER"] = tempfile.mkdtemp(prefix="specgen-tests-")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if item.get_closest_marker("timed") is not None:
+        yield
+        return
+    with _cpu_lock(exclusive=False):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _timed_alone(request):
+    if request.node.get_closest_marker("timed") is None:
+        yield
+        return
+    with _cpu_lock(exclusive=True):
+        yield

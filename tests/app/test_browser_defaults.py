@@ -19,7 +19,7 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not 
 
 from tiny_models import serve  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timed]
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 SPEEDUP = re.compile(r"measured speedup vs plain decoding\s*\|?\s*([0-9.]+)×")

@@ -293,6 +293,7 @@ def _subprocess(args, **kwargs):
     return proc, time.perf_counter() - start
 
 
+@pytest.mark.timed
 def test_console_script_help_is_fast():
     script = Path(sys.executable).with_name("specgen")
     assert script.exists(), "the `specgen` console script is not installed next to this Python"
@@ -303,6 +304,7 @@ def test_console_script_help_is_fast():
     assert wall < 2.0, f"`specgen --help` took {wall:.2f} s"
 
 
+@pytest.mark.timed
 def test_console_script_error_is_fast_and_one_line():
     proc, wall = _subprocess([str(Path(sys.executable).with_name("specgen")), "generate", "speech"])
     assert proc.returncode == 2 and proc.stdout == ""
