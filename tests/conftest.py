@@ -41,7 +41,8 @@ def _cpu_lock(exclusive: bool):
     if not os.environ.get("PYTEST_XDIST_WORKER") or not run_folder:
         yield
         return
-    with open(os.path.join(run_folder, "cpu.gate"), "a+") as gate, open(os.path.join(run_folder, "cpu.lock"), "a+") as lock:
+    gate_path, lock_path = os.path.join(run_folder, "cpu.gate"), os.path.join(run_folder, "cpu.lock")
+    with open(gate_path, "a+") as gate, open(lock_path, "a+") as lock:
         fcntl.flock(gate, fcntl.LOCK_EX)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
@@ -56,7 +57,8 @@ def _cpu_lock(exclusive: bool):
 
 
 def pytest_configure(config):
-    if not hasattr(config, "workerinput"):  # the controller (or a run of one process) names the folder its workers share
+    if not hasattr(config, "workerinput") and config.getoption("numprocesses", None):
+        # the controller names the folder its workers share (they inherit its environment)
         os.environ["SPECGEN_TEST_RUN_FOLDER"] = tempfile.mkdtemp(prefix="specgen-tests-")
 
 

@@ -119,3 +119,37 @@ def test_ci_stops_when_the_install_fails(fake_repo):
     proc, calls = run_ci(pip_rc=1)
     assert proc.returncode != 0
     assert not any("-m pytest" in c for c in calls)  # pytest never ran
+
+
+def test_a_timed_test_runs_alone_and_before_tests_that_start_after_it_waits(monkeypatch, tmp_path):
+    """The suite's lock between worker processes (tests/conftest.py): a timed test waits for the running test, and a
+    test that starts while it waits waits for it, so the timed test never shares the CPU and never starves."""
+    import threading
+    import time
+
+    from conftest import _cpu_lock
+
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    monkeypatch.setenv("SPECGEN_TEST_RUN_FOLDER", str(tmp_path))
+    order, release = [], {name: threading.Event() for name in ("running", "timed", "next")}
+
+    def test(name, exclusive):
+        with _cpu_lock(exclusive):
+            order.append(name)
+            release[name].wait(10)
+
+    threads = {"running": threading.Thread(target=test, args=("running", False))}
+    threads["running"].start()
+    time.sleep(0.2)
+    threads["timed"] = threading.Thread(target=test, args=("timed", True))
+    threads["timed"].start()
+    time.sleep(0.2)
+    threads["next"] = threading.Thread(target=test, args=("next", False))
+    threads["next"].start()
+    time.sleep(0.3)
+    assert order == ["running"]  # the timed test waits for the running one, the next test waits behind it
+    for name in ("running", "timed", "next"):
+        release[name].set()
+        time.sleep(0.3)
+        threads[name].join(5)
+    assert order == ["running", "timed", "next"]
