@@ -21,7 +21,7 @@ import time
 
 from demo_latency import free_port, page_answers, wait_until
 
-from specgen.app.ui.models import resident_mb
+from specgen.modalities.memory import resident_mb
 
 MARKS = (20, 50, 100, 150, 200)
 TEXT_PROMPTS = ("def fibonacci(n):\n", "The history of the city begins", "import os\n\nfor name in",

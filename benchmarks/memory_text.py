@@ -15,7 +15,7 @@ import time
 
 
 def rss_mb() -> float:
-    from specgen.app.ui.models import resident_mb
+    from specgen.modalities.memory import resident_mb
 
     try:
         return resident_mb()

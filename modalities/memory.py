@@ -21,10 +21,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Callable
 
 from specgen.errors import InvalidRequest
-from specgen.modalities.runtime.transformers_adapter import cache_slots
 
 MB = 1024 * 1024
 # vocabulary-sized float32 tensors per verified slot and row that coexist at a step's peak (the logits, the processed
@@ -83,6 +83,8 @@ class ModelShape:
 def footprint(target: ModelShape, draft: ModelShape | None, rows: int, window: int, context: int,
               tree: bool = False) -> Footprint:
     """The memory model (module docstring) for `rows` rows verifying `window` slots (a tree: its nodes + 1)."""
+    from specgen.modalities.runtime.transformers_adapter import cache_slots  # torch: only when a plan is made
+
     models = [target] + ([draft] if draft is not None else [])
     kv = sum(rows * cache_slots(context + window, m.capacity + window) * m.kv_bytes_per_slot for m in models)
     logits = LOGIT_COPIES * rows * window * target.vocab * 4
@@ -155,18 +157,20 @@ def _shrinking(start: int, stop: int) -> list[int]:
 
 # ---- measuring the process ---------------------------------------------------------------------------------------
 
-def _status_mb(field_name: str) -> float:
-    with open("/proc/self/status") as f:
+def _status_mb(field_name: str, pid: int | str = "self") -> float:
+    with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith(field_name + ":"):
                 return int(line.split()[1]) / 1024
-    raise OSError(f"/proc/self/status has no {field_name} line")
+    raise OSError(f"/proc/{pid}/status has no {field_name} line")
 
 
-def resident_mb() -> float:
-    """The process's resident memory now (VmRSS), after handing freed heap memory back to the system."""
-    release_freed()
-    return _status_mb("VmRSS")
+def resident_mb(pid: int | str = "self") -> float:
+    """A process's resident memory now (VmRSS), in MB; this process's after handing its freed heap memory back to
+    the system. OSError where it cannot be read."""
+    if pid == "self":
+        release_freed()
+    return _status_mb("VmRSS", pid)
 
 
 def peak_mb() -> float:
@@ -184,14 +188,35 @@ def reset_peak() -> bool:
         return False
 
 
+# glibc's mallopt parameter for the number of malloc arenas (malloc.h)
+M_ARENA_MAX = -8
+
+
+@cache
+def _glibc():
+    """glibc when the process runs on it (for malloc_trim and mallopt), else None."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        return libc if libc is not None and hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+    except OSError:
+        return None
+
+
 def release_freed() -> None:
     """glibc keeps freed memory cached in the process; hand it back so the resident set is what is in use."""
-    name = ctypes.util.find_library("c")
-    if name:
-        try:
-            ctypes.CDLL(name).malloc_trim(0)
-        except (OSError, AttributeError):
-            pass
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+def limit_malloc_arenas(arenas: int = 2) -> bool:
+    """Cap glibc's malloc arenas before a server starts its worker threads. Every thread that allocates otherwise
+    gets an arena of its own, and the tensors freed after a request stay cached in it: a server's resident memory
+    then creeps up request after request (about 10 % over 200 mixed requests in the demo) with no object left
+    alive. Returns whether the cap was set."""
+    libc = _glibc()
+    return bool(libc is not None and libc.mallopt(M_ARENA_MAX, arenas))
 
 
 def window_of(spec, knobs: dict) -> tuple[str | None, int]:

@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from specgen.errors import InvalidRequest
+from specgen.errors import InvalidRequest, SpecgenError
 from specgen.samplers import loop
 from specgen.samplers.acceptance import make_rule
 from specgen.samplers.length_policies import make_policy
@@ -183,20 +183,21 @@ def make_drafter(generator: Generator, spec: MethodSpec, knobs: dict, processing
 
 
 def servable(generator: Generator, spec: MethodSpec) -> bool:
-    """Whether `generator` can serve `spec` at all: a self-draft needs an adapter trained for its very target
-    (for the default method sets, e.g. `bench` without --methods; a request for it gets the reason)."""
+    """Whether `generator` can serve `spec` at all: a drafter trained on the target (a Kangaroo adapter, an EAGLE
+    head, PosS specialists) is served only beside its very weights (for the default method sets, e.g. `bench`
+    without --methods; a request for it gets the reason)."""
     if spec.drafter == "kangaroo":
-        from specgen.modalities.drafters.kangaroo import has_adapter
-
-        return has_adapter(getattr(generator, "model_path", ""))
-    if spec.drafter == "eagle":
-        from specgen.modalities.drafters.eagle import has_head
-
-        return has_head(getattr(generator, "model_path", ""))
-    if spec.drafter == "poss":
-        from specgen.modalities.drafters.poss import has_poss
-
-        return has_poss(getattr(generator, "model_path", ""))
+        from specgen.modalities.drafters.kangaroo import find_adapter as find
+    elif spec.drafter == "eagle":
+        from specgen.modalities.drafters.eagle import find_head as find
+    elif spec.drafter == "poss":
+        from specgen.modalities.drafters.poss import find_poss as find
+    else:
+        return True
+    try:
+        find(getattr(generator, "model_path", ""))
+    except SpecgenError:
+        return False
     return True
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 
-from specgen.app.ui.models import limit_malloc_arenas
 
 __all__ = ["build_demo", "launch_demo"]
 
@@ -65,6 +64,7 @@ def launch_demo(args) -> int:
     from specgen.app.ui.speech import SpeechModels
     from specgen.app.ui.text import TextModels
     from specgen.errors import InvalidRequest
+    from specgen.modalities.memory import limit_malloc_arenas
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # nothing leaves the machine
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from specgen.app.request_options import Field
-from specgen.app.ui.models import release_freed_memory
+from specgen.modalities.memory import release_freed
 from specgen.errors import SpecgenError
 
 log = logging.getLogger("specgen.app.ui")
@@ -125,7 +125,7 @@ def shown_in_ui(gr, what: str, updates):
         log.exception("%s generation failed", what)
         raise gr.Error(f"generation failed: {type(exc).__name__}: {exc}") from None
     finally:
-        release_freed_memory()
+        release_freed()
 
 
 def jsonable(stats: dict) -> dict:

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from specgen.errors import InvalidRequest, ModelNotFound
 from specgen.kernels import sample_categorical
 from specgen.modalities.drafters.model import common_prefix
+from specgen.modalities.drafters.trained_files import file_stamp, target_sha256
 from specgen.modalities.image.eagle_head.head import FC_FILE, EagleHead
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget
 from specgen.samplers.length_policies import ChainStops
@@ -123,9 +124,7 @@ _HEADS: dict[tuple, "TextEagleHead"] = {}
 
 def find_head(model_path: str) -> Path:
     """The head folder trained on the very weights at `model_path`; ModelNotFound naming the command otherwise."""
-    from specgen.modalities.drafters.kangaroo import _target_sha
-
-    sha = _target_sha(model_path) if Path(model_path).is_dir() else None
+    sha = target_sha256(model_path) if Path(model_path).is_dir() else None
     for folder in head_folders(model_path):
         record = folder / RECORD_FILE
         if sha and record.exists() and json.loads(record.read_text()).get("target_sha256") == sha:
@@ -135,20 +134,10 @@ def find_head(model_path: str) -> Path:
                         "`specgen train head --method eagle --model PATH`")
 
 
-def has_head(model_path: str) -> bool:
-    try:
-        find_head(model_path)
-    except ModelNotFound:
-        return False
-    return True
-
-
 def load_head(folder: Path) -> tuple["TextEagleHead", torch.Tensor | None]:
     """(head, kept target ids or None), kept while the files are unchanged."""
-    from specgen.modalities.drafters.kangaroo import _stamp
-
     folder = Path(folder)
-    key = _stamp(folder / FC_FILE)
+    key = file_stamp(folder / FC_FILE)
     if key not in _HEADS:
         from specgen.modalities.text import gemma
 

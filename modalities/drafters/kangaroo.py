@@ -34,8 +34,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specgen.errors import InvalidRequest, ModelNotFound, SpecgenError
+from specgen.errors import InvalidRequest, ModelNotFound
 from specgen.modalities.drafters.model import ModelDrafter
+from specgen.modalities.drafters.trained_files import file_stamp, target_sha256
 from specgen.modalities.runtime import llama_runner
 from specgen.samplers.processing import Processing
 
@@ -189,29 +190,12 @@ def adapter_folders(model_path: str) -> list[Path]:
     return [model / "kangaroo", model.parent / "kangaroo"]
 
 
-# every request builds its drafter: hashing the target's weights (27 MB for the code target) and reading the adapter
-# each time would cost tens of milliseconds, so both are kept per file state (path, size, mtime)
-_SHA: dict[tuple, str] = {}
-_ADAPTERS: dict[tuple, "KangarooAdapter"] = {}
-
-
-def _stamp(path: Path) -> tuple:
-    stat = Path(path).stat()
-    return (str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
-
-
-def _target_sha(model_path: str) -> str:
-    from specgen.modalities.text.training.distill.windows import model_sha256
-
-    key = tuple(_stamp(p) for p in sorted(Path(model_path).iterdir()) if p.is_file())
-    if key not in _SHA:
-        _SHA[key] = model_sha256(model_path)
-    return _SHA[key]
+_ADAPTERS: dict[tuple, "KangarooAdapter"] = {}  # per file state (trained_files.file_stamp)
 
 
 def load_adapter(path: Path) -> "KangarooAdapter":
     """`KangarooAdapter.load`, kept while the file is unchanged (callers never modify it)."""
-    key = _stamp(path)
+    key = file_stamp(path)
     if key not in _ADAPTERS:
         _ADAPTERS[key] = KangarooAdapter.load(path)
     return _ADAPTERS[key]
@@ -223,7 +207,7 @@ def find_adapter(model_path: str, exit_layer: int = 0) -> Path:
     if not Path(model_path).is_dir():
         raise ModelNotFound(f"method 'kangaroo' needs a trained adapter for the target; {model_path!r} is not a "
                             "model folder (train one: specgen train adapter --method kangaroo)")
-    sha = _target_sha(model_path)
+    sha = target_sha256(model_path)
     found: dict[int, Path] = {}
     for folder in adapter_folders(model_path):
         for path in sorted(folder.glob(ADAPTER_GLOB)) if folder.is_dir() else ():
@@ -240,14 +224,6 @@ def find_adapter(model_path: str, exit_layer: int = 0) -> Path:
         raise InvalidRequest(f"no Kangaroo adapter for exit_layer {exit_layer} of {model_path}; trained: "
                              f"{', '.join(map(str, sorted(found)))} (or 0 for the best)")
     return found[exit_layer]
-
-
-def has_adapter(model_path: str) -> bool:
-    try:
-        find_adapter(model_path)
-    except SpecgenError:
-        return False
-    return True
 
 
 # ---- serving -----------------------------------------------------------------------------------------------------

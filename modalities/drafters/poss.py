@@ -29,6 +29,7 @@ from torch import nn
 
 from specgen.errors import ModelNotFound
 from specgen.modalities.drafters import eagle
+from specgen.modalities.drafters.trained_files import file_stamp, target_sha256
 from specgen.modalities.image.eagle_head.head import FC_FILE
 
 RECORD_FILE = "poss.json"
@@ -149,8 +150,6 @@ _HEADS: dict[tuple, PossHead] = {}
 def find_poss(model_path: str) -> tuple[Path, Path]:
     """(PosS folder, its EAGLE head's folder) trained for the very weights at `model_path` and the very head beside
     it; ModelNotFound naming the command otherwise."""
-    from specgen.modalities.drafters.kangaroo import _target_sha
-
     command = ("train them with `specgen train head --method poss --model PATH --base EAGLE_HEAD` "
                "(docs/eagle.md)")
     try:
@@ -161,7 +160,7 @@ def find_poss(model_path: str) -> tuple[Path, Path]:
                             f"{model_path} (no head trained for it in {places}); "
                             "train a head with `specgen train head --method eagle --model PATH`, then specialists "
                             "over it with `--method poss`") from None
-    sha = _target_sha(model_path)
+    sha = target_sha256(model_path)
     for folder in poss_folders(model_path):
         path = folder / RECORD_FILE
         if not path.exists():
@@ -177,27 +176,15 @@ _FINGERPRINTS: dict[tuple, dict] = {}
 
 
 def _fingerprint(folder: Path) -> dict:
-    from specgen.modalities.drafters.kangaroo import _stamp
-
-    key = tuple(_stamp(Path(folder) / name) for name in (FC_FILE, "model.safetensors"))
+    key = tuple(file_stamp(Path(folder) / name) for name in (FC_FILE, "model.safetensors"))
     if key not in _FINGERPRINTS:
         _FINGERPRINTS[key] = base_fingerprint(folder)
     return _FINGERPRINTS[key]
 
 
-def has_poss(model_path: str) -> bool:
-    try:
-        find_poss(model_path)
-    except ModelNotFound:
-        return False
-    return True
-
-
 def load_poss(folder: Path, base_folder: Path) -> tuple[PossHead, torch.Tensor | None]:
     """(head, the base's kept target ids or None), kept while the files are unchanged."""
-    from specgen.modalities.drafters.kangaroo import _stamp
-
-    key = (_stamp(Path(folder) / WEIGHTS_FILE), _stamp(Path(base_folder) / FC_FILE))
+    key = (file_stamp(Path(folder) / WEIGHTS_FILE), file_stamp(Path(base_folder) / FC_FILE))
     base, vocab_ids = eagle.load_head(base_folder)
     if key not in _HEADS:
         from specgen.modalities.text import gemma

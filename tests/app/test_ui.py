@@ -290,11 +290,11 @@ def test_every_request_hands_freed_memory_back(monkeypatch):
     the run finished or failed (benchmarks/memory-app.md measures the whole app)."""
     import gradio as gr
 
-    from specgen.app.ui import models as ui_models
     from specgen.app.ui import widgets
+    from specgen.modalities import memory
 
     calls = []
-    monkeypatch.setattr(widgets, "release_freed_memory", lambda: calls.append(1))
+    monkeypatch.setattr(widgets, "release_freed", lambda: calls.append(1))
 
     def failing():
         yield 1
@@ -304,13 +304,13 @@ def test_every_request_hands_freed_memory_back(monkeypatch):
     with pytest.raises(gr.Error, match="generation failed: RuntimeError: boom"):
         list(widgets.shown_in_ui(gr, "text", failing()))
     assert calls == [1, 1]
-    if ui_models._glibc() is not None:  # glibc: the arena cap is accepted and trimming runs
-        assert ui_models.limit_malloc_arenas(8) is True
-        ui_models.release_freed_memory()
+    if memory._glibc() is not None:  # glibc: the arena cap is accepted and trimming runs
+        assert memory.limit_malloc_arenas(8) is True
+        memory.release_freed()
 
 
 def _rss_mb() -> float:
-    from specgen.app.ui.models import resident_mb
+    from specgen.modalities.memory import resident_mb
 
     return resident_mb()
 

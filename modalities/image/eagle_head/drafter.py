@@ -174,7 +174,7 @@ class EagleTreeDrafter:
         rolled back to the true pairs after. One child per node is a plain draw from the node's law (inverse CDF,
         the same law as Gumbel-top-1) with a uniform keyed by (seed, sample, its position, DRAFT), as a draft
         model's chain draws. features: [head rows, d], the root's predicted features; root_laws: [rows, vocab]."""
-        rows, halves = len(ctx.rows), len(head_rows) // len(ctx.rows)
+        halves = len(head_rows) // len(ctx.rows)
         root_positions = ctx.next_positions - 1  # [rows]
         uniforms = None
         if self.siblings != "deterministic":

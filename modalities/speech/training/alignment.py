@@ -205,8 +205,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="align the frames to the text's characters (default) or to its phonemes (espeak-ng's, "
                         "from the libespeak-ng in the espeakng-loader wheel)")
     a = p.parse_args(argv)
-    import torch
-
     from specgen.settings import use_threads
 
     use_threads(a.threads)

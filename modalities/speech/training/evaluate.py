@@ -308,8 +308,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="write the report (JSON) here")
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
-    import torch
-
     from specgen.settings import use_threads
 
     use_threads(a.threads)

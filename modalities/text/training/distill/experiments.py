@@ -319,8 +319,6 @@ def main(argv: list[str] | None = None) -> int:
         args.json.with_suffix(".md").write_text(render_markdown(result, args.json.with_suffix(".png").name))
         return 0
     args.runs_dir = args.runs_dir or f"runs/distill-{args.experiment}"
-    import torch
-
     from specgen.settings import use_threads
 
     use_threads(args.threads)

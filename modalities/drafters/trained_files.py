@@ -1,0 +1,29 @@
+"""Finding a target's trained drafter files (Kangaroo adapters, EAGLE heads, PosS specialists) by the target they were
+trained on.
+
+A file records the sha256 of its target's weights (`model_sha256`), and a drafter is served only beside those very
+weights. Every request builds its drafter, and hashing the target (27 MB for the code target) or reading a file each
+time would cost tens of milliseconds, so both are kept per file state (path, size, mtime).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_SHA: dict[tuple, str] = {}
+
+
+def file_stamp(path: Path) -> tuple:
+    """(resolved path, size, mtime): changes when the file is replaced or rewritten."""
+    stat = Path(path).stat()
+    return (str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+def target_sha256(model_path: str) -> str:
+    """The sha256 of the target folder's weights, computed once per state of its files."""
+    from specgen.modalities.text.training.distill.windows import model_sha256
+
+    key = tuple(file_stamp(p) for p in sorted(Path(model_path).iterdir()) if p.is_file())
+    if key not in _SHA:
+        _SHA[key] = model_sha256(model_path)
+    return _SHA[key]
