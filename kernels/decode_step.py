@@ -7,14 +7,16 @@ writes at each row's next slots, attention over the row's cache and the window s
 tree's ancestors, the output projection, SwiGLU, residuals, final norm) in plain loops over the same weights,
 with no torch call in between, and the output layer the same way (`linear_rows`).
 
-The matrix products are tiled: up to 4 rows against 4 weight rows (2 without AVX-512) per pass, each weight tile
-read from memory once per forward while every row group passes over it, the tile 8 ahead prefetched. Every
-(row, output) pair is one FMA chain in a fixed order with a fixed lane reduction, whatever else is in the call,
-so a token gets the same bits alone, in a window, in a tree or in a batch. That is what a target needs (its
-verified window must score each token as plain decoding does), and the tiling keeps wide windows cheap: on the
-shipped code target (1 thread, benchmarks/decode-step-latest.md) one slot takes 4.8 ms against 7.4 with torch,
-13 slots 8.8 ms against 14.1, and a 600-token prefill about as long as MKL's. Attention scores eight keys at a
-time and runs head by head over all of a forward's tokens, so a row's window slots reuse that head's cached keys. Against the torch path
+The matrix products are tiled: up to 4 rows against 4 weight rows per pass with AVX-512, 2 against 2 with AVX2
+only (its 16 registers hold no more accumulators), each weight tile read from memory once per forward while
+every row group passes over it, the tile 8 ahead prefetched. Every (row, output) pair is one 16-lane FMA chain in
+a fixed order with a fixed lane reduction, whatever else is in the call and whichever build runs it, so a token
+gets the same bits alone, in a window, in a tree or in a batch. That is what a target needs (its verified window
+must score each token as plain decoding does), and the tiling keeps wide windows cheap: on the shipped code target
+(1 thread, benchmarks/decode-step-latest.md, an AVX2 machine) one slot takes 4.5 ms against 6.7 with torch and
+13 slots 9.8 ms against 14.7 (on an AVX-512 machine 4.8 and 8.8 ms); long prefills run at about half MKL's
+speed. Attention scores eight keys at a time and runs head by head over all of a forward's tokens, so a row's
+window slots reuse that head's cached keys. Against the torch path
 (`LlamaRunner.forward_hidden(kernel=False)`, its twin in the tests) results agree to float32 rounding. Text
 targets (`TextGenerator.target`) and drafts opt in (`LlamaRunner.decode_kernel`); the image and video targets
 keep their own serving. Forwards of more than MAX_SLOTS new slots stay on the torch path. Float32 and CPU only;

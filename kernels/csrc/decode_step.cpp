@@ -6,7 +6,7 @@
 
 #include "row_norm.h"  // dot, rms_norm
 
-// out[r, o] = W[o] . x[r], tiled: up to 4 input rows x OUT_TILE weight rows per pass, every (row, output) pair
+// out[r, o] = W[o] . x[r], tiled: up to ROW_TILE input rows x OUT_TILE weight rows per pass, every (row, output) pair
 // one 16-lane FMA chain over the inputs (a zero-padded last block), reduced by one fixed shuffle tree. A tile's
 // size changes only which pairs run side by side, never a pair's arithmetic, so a row gets the same bits alone
 // as in any batch. The weight tile stays in L1 while every row group passes over it.
@@ -14,8 +14,12 @@ typedef float v16 __attribute__((vector_size(64)));
 typedef int v16i __attribute__((vector_size(64)));
 #ifdef __AVX512F__
 constexpr int OUT_TILE = 4;  // 16 accumulators + 4 weight blocks fit the 32 vector registers
+constexpr int ROW_TILE = 4;
 #else
-constexpr int OUT_TILE = 2;  // AVX2 holds a v16 in two registers
+// AVX2 holds a v16 in two of its 16 registers: 2 rows x 2 outputs (8 registers of accumulators, 4 of weights, 2 of
+// input) fit; 4 rows spilled the accumulators to the stack on every FMA, and a 13-slot window cost 6x a 2-slot one
+constexpr int OUT_TILE = 2;
+constexpr int ROW_TILE = 2;
 #endif
 static_assert(OUT_TILE <= 4, "one fold4 reduces a row's whole output tile");
 
@@ -41,6 +45,18 @@ static inline v16 fold4(const v16* acc, int count) {
   return __builtin_shuffle(c0, c1, lo2) + __builtin_shuffle(c0, c1, hi2);
 }
 
+// The row's output tile from its accumulators: each pair's 16 lanes folded by one fixed tree (`fold4`).
+template <int R>
+static inline void store_tile(const v16 (&acc)[R][OUT_TILE], int64_t outs_here, float* out, int64_t out_stride) {
+  for (int r = 0; r < R; ++r) {
+    float l[16];
+    const v16 folded = fold4(acc[r], OUT_TILE);
+    __builtin_memcpy(l, &folded, sizeof(l));
+    for (int k = 0; k < outs_here; ++k) out[r * out_stride + k] = (l[4 * k] + l[4 * k + 1]) + (l[4 * k + 2] + l[4 * k + 3]);
+  }
+}
+
+#ifdef __AVX512F__
 template <int R>
 static inline void tile(const float* w, int64_t outs_here, const float* const* x, int64_t n, float* out,
                         int64_t out_stride, const float* ahead) {
@@ -59,13 +75,68 @@ static inline void tile(const float* w, int64_t outs_here, const float* const* x
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) block(i, 16);
   if (i < n) block(i, n - i);
-  for (int r = 0; r < R; ++r) {
-    float l[16];
-    const v16 folded = fold4(acc[r], OUT_TILE);
-    __builtin_memcpy(l, &folded, sizeof(l));
-    for (int k = 0; k < outs_here; ++k) out[r * out_stride + k] = (l[4 * k] + l[4 * k + 1]) + (l[4 * k + 2] + l[4 * k + 3]);
+  store_tile<R>(acc, outs_here, out, out_stride);
+}
+#else
+// The same 16-lane chains as two 8-lane halves in AVX2 registers: GCC lowers the generic 16-lane vectors to stack
+// loads and stores without AVX-512 (a 13-slot window cost 7x a one-slot one). Lane j of a pair still accumulates
+// fma(w[j + 16b], x[j + 16b], .) over the blocks b in order and folds by the same tree, so every pair gets the
+// bits the AVX-512 build gives it.
+// One 16-input block of a row against the tile's two weight rows: lane j of each pair accumulates fma(w, x, .).
+static inline void pair_block(const float* w0, const float* w1, const float* xr, __m256& lo0, __m256& hi0,
+                              __m256& lo1, __m256& hi1) {
+  const __m256 xlo = _mm256_loadu_ps(xr), xhi = _mm256_loadu_ps(xr + 8);
+  lo0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0), xlo, lo0);
+  hi0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + 8), xhi, hi0);
+  lo1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1), xlo, lo1);
+  hi1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + 8), xhi, hi1);
+}
+
+static inline float fold_halves(__m256 lo, __m256 hi) {  // `fold4`'s tree: j + (j + 8), j + (j + 4), (0 + 1) + (2 + 3)
+  const __m256 pairs = _mm256_add_ps(lo, hi);
+  const __m128 quads = _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1));
+  const __m128 halves = _mm_hadd_ps(quads, quads);  // [q0 + q1, q2 + q3, ...]
+  return _mm_cvtss_f32(_mm_add_ss(halves, _mm_movehdup_ps(halves)));
+}
+
+// Accumulators in named registers and no branch in the loop (a tile of one output reads its row twice, a group
+// of one row reads it twice; the copies are never stored), so GCC keeps them out of memory.
+template <int R>
+static inline void tile(const float* w, int64_t outs_here, const float* const* x, int64_t n, float* out,
+                        int64_t out_stride, const float* ahead) {
+  static_assert(R >= 1 && R <= 2 && OUT_TILE == 2, "the AVX2 tile is up to 2 rows x 2 outputs");
+  const float* w0 = w;
+  const float* w1 = outs_here > 1 ? w + n : w;
+  const float* x0 = x[0];
+  const float* x1 = R > 1 ? x[1] : x[0];
+  const float* pre0 = ahead ? ahead : w0;
+  const float* pre1 = ahead ? ahead + n : w1;
+  const __m256 zero = _mm256_setzero_ps();
+  __m256 l00 = zero, h00 = zero, l01 = zero, h01 = zero, l10 = zero, h10 = zero, l11 = zero, h11 = zero;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm_prefetch((const char*)(pre0 + i), _MM_HINT_T0);
+    _mm_prefetch((const char*)(pre1 + i), _MM_HINT_T0);
+    pair_block(w0 + i, w1 + i, x0 + i, l00, h00, l01, h01);
+    if (R > 1) pair_block(w0 + i, w1 + i, x1 + i, l10, h10, l11, h11);
+  }
+  if (i < n) {  // the zero-padded last block
+    float wb0[16] = {0}, wb1[16] = {0}, xb0[16] = {0}, xb1[16] = {0};
+    __builtin_memcpy(wb0, w0 + i, (n - i) * sizeof(float));
+    __builtin_memcpy(wb1, w1 + i, (n - i) * sizeof(float));
+    __builtin_memcpy(xb0, x0 + i, (n - i) * sizeof(float));
+    __builtin_memcpy(xb1, x1 + i, (n - i) * sizeof(float));
+    pair_block(wb0, wb1, xb0, l00, h00, l01, h01);
+    if (R > 1) pair_block(wb0, wb1, xb1, l10, h10, l11, h11);
+  }
+  out[0] = fold_halves(l00, h00);
+  if (outs_here > 1) out[1] = fold_halves(l01, h01);
+  if (R > 1) {
+    out[out_stride] = fold_halves(l10, h10);
+    if (outs_here > 1) out[out_stride + 1] = fold_halves(l11, h11);
   }
 }
+#endif
 
 static void matvec(const float* w, const float* x, float* out, int64_t rows, int64_t outs, int64_t ins) {
   std::vector<const float*> xs(rows);
@@ -77,10 +148,13 @@ static void matvec(const float* w, const float* x, float* out, int64_t rows, int
     // tile PREFETCH_TILES ahead, a line per weight row and block, spread over the pass (speed only)
     const float* ahead = o + (PREFETCH_TILES + 1) * OUT_TILE <= outs ? wo + PREFETCH_TILES * OUT_TILE * ins : nullptr;
     int64_t r = 0;
-    for (; r + 4 <= rows; r += 4, ahead = nullptr) tile<4>(wo, here, xs.data() + r, ins, out + r * outs + o, outs, ahead);
-    switch (rows - r) {
+    for (; r + ROW_TILE <= rows; r += ROW_TILE, ahead = nullptr)
+      tile<ROW_TILE>(wo, here, xs.data() + r, ins, out + r * outs + o, outs, ahead);
+    switch (rows - r) {  // fewer than ROW_TILE left
+#ifdef __AVX512F__
       case 3: tile<3>(wo, here, xs.data() + r, ins, out + r * outs + o, outs, ahead); break;
       case 2: tile<2>(wo, here, xs.data() + r, ins, out + r * outs + o, outs, ahead); break;
+#endif
       case 1: tile<1>(wo, here, xs.data() + r, ins, out + r * outs + o, outs, ahead); break;
     }
   }
