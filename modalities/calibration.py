@@ -1,10 +1,10 @@
 """Per-machine, per-model step costs for `auto`: T_verify(n) by window size, each candidate's drafting cost by
 length, and each candidate's acceptance on a short run, measured once and cached.
 
-The cache lives in `$SPECGEN_HOME/calibration/<key>.json`, keyed by the CPU model, the torch thread count, the torch
-version, the modality and a hash of the model files (name, size, modification time of every file of the target and
-of its draft or head), so a new machine, thread count, torch or checkpoint is measured afresh and anything else is
-reused. A candidate missing from a cached record (a drafter added since) is measured and added. `specgen calibrate`
+The cache lives in `$SPECGEN_HOME/calibration/<key>.json`, keyed by the CPU model, the compiled kernels' instruction
+set (AVX2 or AVX-512), the torch thread count, the torch version, the modality and a hash of the model files (name,
+size, modification time of every file of the target and of its draft or head), so a new machine, thread count,
+torch or checkpoint is measured afresh and anything else is reused. A candidate missing from a cached record (a drafter added since) is measured and added. `specgen calibrate`
 measures ahead of time; otherwise the first `auto` request does, with a progress bar on stderr.
 """
 
@@ -24,9 +24,10 @@ from specgen.modalities.runtime.transformers_adapter import measure_window_s
 from specgen.samplers.auto import Costs
 from specgen.samplers.types import DecodeContext
 
-VERSION = 7  # 2: fastest of 5 timings, monotone in window size; 4: Jacobi priors over a whole image or clip; 5: image/
+VERSION = 8  # 2: fastest of 5 timings, monotone in window size; 4: Jacobi priors over a whole image or clip; 5: image/
 # video windows timed at half a request's context; 7: windows timed round-robin and fitted monotone (PAV), the int8
-# kernel reads the weights once for 7-12 rows
+# kernel reads the weights once for 7-12 rows; 8: the decode step's AVX2 tiles keep to registers (wide windows cost
+# a fifth of before there), and the key names the kernels' instruction set
 # a Jacobi window's run, one whole image or clip (at most this many tokens): its tokens per step grow as it settles
 STATEFUL_PRIOR_TOKENS = 2048
 PRIOR_TOKENS = 48  # tokens of the short run that measures each candidate's acceptance
@@ -49,8 +50,11 @@ def files_hash(paths: Sequence[str | Path | None]) -> str:
 
 
 def machine_key(modality: str, paths: Sequence) -> dict:
-    return {"cpu": settings.cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "modality": modality, "models": [str(p) for p in paths if p is not None], "model_hash": files_hash(paths),
+    from specgen.kernels import cpu_build
+
+    # one CPU model name covers parts with and without AVX-512, and the compiled kernels' costs differ between them
+    return {"cpu": settings.cpu_model(), "kernels": " ".join(cpu_build.compile_flags()),
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "modality": modality, "models": [str(p) for p in paths if p is not None], "model_hash": files_hash(paths),
             "version": VERSION}
 
 

@@ -52,7 +52,7 @@ def test_calibration_is_cached_per_machine_and_model(pair, monkeypatch):
     record = json.loads(path.read_text())
     assert record["key"]["threads"] == torch.get_num_threads() and record["key"]["torch"] == torch.__version__
     assert {"1", "2", "17"} <= set(record["verify_s"]) and {"draft", "ngram"} <= set(record["draft_s"])
-    assert {"cpu", "model_hash"} <= set(record["key"])
+    assert {"cpu", "kernels", "model_hash"} <= set(record["key"])
 
     def refuse(*args, **kwargs):
         raise AssertionError("measured again")
