@@ -67,10 +67,16 @@ def main() -> None:
                             "sdpa_batched_ms": _median_ms(batched, args.repeats),
                             "per_query_twin_ms": _median_ms(twin, args.repeats),
                             "last_query_same_bits_alone": bool(torch.equal(alone[:, 0], window[:, -1]))})
+    from specgen import settings
+    from specgen.kernels import cpu_build
+
+    machine = {"cpu": settings.cpu_model(), "kernel_flags": " ".join(cpu_build.compile_flags())}
     args.out.with_suffix(".json").write_text(json.dumps({"command": "python benchmarks/query_attention.py",
-                                                         "repeats": args.repeats, "results": results}, indent=1))
+                                                         "repeats": args.repeats, **machine, "results": results},
+                                                        indent=1))
     lines = ["# Per-query attention kernel", "", f"`python benchmarks/query_attention.py --repeats {args.repeats}`"
-             " (1 thread, median ms per call; SDPA batched is not window-invariant, the other two are)", "",
+             f" (1 thread, CPU {machine['cpu']}, kernel built with `{machine['kernel_flags']}`; median ms per call; "
+             "SDPA batched is not window-invariant, the other two are)", "",
              "| shape | queries | keys | kernel | SDPA batched | per-query torch twin | a query alone = in the window |",
              "|---|---|---|---|---|---|---|"]
     for r in results:

@@ -9,7 +9,10 @@ the weights sixteen at a time by a vector exp (2^n times a degree-7 polynomial, 
 values summed over even and odd keys in two register chains. Otherwise one key at a time with `std::exp`. A
 drafted token scored in a window of 8 therefore gets the very bits it gets scored alone, as with a
 `scaled_dot_product_attention` call per query (`reference`), without that loop's dozen small torch calls per
-query and layer (about 1,000 per 4-slot Gemma forward).
+query and layer (about 1,000 per 4-slot Gemma forward). Without AVX-512 the same chains and tree run on 8-lane
+halves held in registers (four keys' accumulators at a time, the values one 16-lane block at a time): the
+generic 16-lane code spilled them to the stack there and ran 3x slower (benchmarks/query-attention-latest.md is
+from such a machine; its results equal the generic code's bit for bit).
 
 `seen` chooses the keys: None means slot j of n sees the first width - n + j + 1 columns (a chain after its
 cached context); otherwise a [rows, n, width] bool mask (tree slots, sliding windows, padded prompt rows).

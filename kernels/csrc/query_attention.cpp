@@ -1,4 +1,5 @@
 #include <torch/extension.h>
+#include <immintrin.h>
 #include <cmath>
 #include <vector>
 
@@ -28,6 +29,7 @@ typedef int v16i __attribute__((vector_size(64)));
 // block in its 16 lanes as in dot(), then the lanes of all sixteen folded pairwise in four shuffle-and-add rounds.
 // Every key's sum takes the same tree whatever its place in the block, so it depends only on the key and the query.
 static inline v16 dot16(const float* a, const float* const* b, int64_t d) {
+#ifdef __AVX512F__
   v16 acc[16];
   for (int k = 0; k < 16; ++k) acc[k] = (v16){0};
   for (int64_t i = 0; i < d; i += 16) {
@@ -55,6 +57,53 @@ static inline v16 dot16(const float* a, const float* const* b, int64_t d) {
   for (int m = 0; m < 2; ++m)  // keys 8m..8m+7: 2 each
     f[m] = __builtin_shuffle(e[2 * m], e[2 * m + 1], lo3) + __builtin_shuffle(e[2 * m], e[2 * m + 1], hi3);
   return __builtin_shuffle(f[0], f[1], lo4) + __builtin_shuffle(f[0], f[1], hi4);  // lane k: key k
+#else
+  // AVX2 holds a 16-lane accumulator in two of its 16 registers: four keys at a time stay in registers (sixteen
+  // spilled to the stack on every product). Each key's lanes still take fma(q, k, .) block by block in order.
+  // The lanes of the sixteen keys are then folded by the AVX-512 build's tree, on the halves: the same adds, the
+  // lanes moved between them.
+  __m256 lo[16], hi[16];
+  for (int g = 0; g < 16; g += 4) {
+    for (int k = g; k < g + 4; ++k) lo[k] = hi[k] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < d; i += 16) {
+      const __m256 xlo = _mm256_loadu_ps(a + i), xhi = _mm256_loadu_ps(a + i + 8);
+      for (int k = g; k < g + 4; ++k) {
+        lo[k] = _mm256_fmadd_ps(xlo, _mm256_loadu_ps(b[k] + i), lo[k]);
+        hi[k] = _mm256_fmadd_ps(xhi, _mm256_loadu_ps(b[k] + i + 8), hi[k]);
+      }
+    }
+  }
+  // c[m]: key 2m's lanes j + (j + 8) in its low half, key 2m + 1's in its high half
+  __m256 c[16];
+  for (int m = 0; m < 8; ++m) {
+    c[2 * m] = _mm256_add_ps(lo[2 * m], hi[2 * m]);
+    c[2 * m + 1] = _mm256_add_ps(lo[2 * m + 1], hi[2 * m + 1]);
+  }
+  // e[m] (keys 4m..4m+3, 4 partial sums each): lanes j + (j + 4) within each key's 8
+  __m256 e[8];
+  for (int m = 0; m < 4; ++m)
+    for (int h = 0; h < 2; ++h) {
+      const __m256 x = c[4 * m + 2 * h], y = c[4 * m + 2 * h + 1];  // the halves of c[2m + h]
+      e[2 * m + h] = _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31));
+    }
+  // f[m] (keys 8m..8m+7, 2 each): lanes (0, 1) + (2, 3) of each 4, back in key order
+  __m256 f[4];
+  for (int m = 0; m < 2; ++m)
+    for (int h = 0; h < 2; ++h) {
+      const __m256 x = e[4 * m + 2 * h], y = e[4 * m + 2 * h + 1];  // the halves of e[2m + h]
+      const __m256 sum = _mm256_add_ps(_mm256_shuffle_ps(x, y, _MM_SHUFFLE(1, 0, 1, 0)),
+                                       _mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
+      f[2 * m + h] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(sum), _MM_SHUFFLE(3, 1, 2, 0)));
+    }
+  // lane k: key k, the pairs of f's lanes added
+  v16 out;
+  for (int h = 0; h < 2; ++h) {
+    const __m256 sum = _mm256_hadd_ps(f[2 * h], f[2 * h + 1]);
+    const __m256 keys = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(sum), _MM_SHUFFLE(3, 1, 2, 0)));
+    __builtin_memcpy(reinterpret_cast<char*>(&out) + 32 * h, &keys, 32);
+  }
+  return out;
+#endif
 }
 
 // exp(x) for x <= 0, sixteen at a time: 2^(x log2 e) as 2^n times a degree-7 polynomial on [-1/2, 1/2] (relative
@@ -77,6 +126,46 @@ static inline v16 exp16(v16 x) {
   v16 out = p * scale;
   return t < -126.f ? (v16){0} : out;
 }
+
+#ifndef __AVX512F__
+// The weighted values of one query, as the AVX-512 path computes them (per lane: the even keys' fma chain in key
+// order, the odd keys' likewise, their sum times 1 / (the even weights' sum, then + the odd weights' sum)), one
+// 16-lane block of the head at a time so the four accumulators stay in registers.
+static void weighted_values_avx2(const float* weights, const int64_t* cols, int64_t count, const float* vb,
+                                 int64_t vs, int64_t blocks, float* o) {
+  float total = 0.f, total_odd = 0.f;
+  int64_t c = 0;
+  for (; c + 2 <= count; c += 2) {
+    total += weights[c];
+    total_odd += weights[c + 1];
+  }
+  if (c < count) total += weights[c];
+  total += total_odd;
+  const float inv = count ? 1.f / total : 0.f;
+  const __m256 scale = _mm256_set1_ps(inv);
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256 elo = _mm256_setzero_ps(), ehi = elo, olo = elo, ohi = elo;
+    int64_t k = 0;
+    for (; k + 2 <= count; k += 2) {
+      const float* v0 = vb + cols[k] * vs + 16 * b;
+      const float* v1 = vb + cols[k + 1] * vs + 16 * b;
+      const __m256 w0 = _mm256_set1_ps(weights[k]), w1 = _mm256_set1_ps(weights[k + 1]);
+      elo = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0), elo);
+      ehi = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0 + 8), ehi);
+      olo = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v1), olo);
+      ohi = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v1 + 8), ohi);
+    }
+    if (k < count) {
+      const float* v0 = vb + cols[k] * vs + 16 * b;
+      const __m256 w0 = _mm256_set1_ps(weights[k]);
+      elo = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0), elo);
+      ehi = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0 + 8), ehi);
+    }
+    _mm256_storeu_ps(o + 16 * b, _mm256_mul_ps(_mm256_add_ps(elo, olo), scale));
+    _mm256_storeu_ps(o + 16 * b + 8, _mm256_mul_ps(_mm256_add_ps(ehi, ohi), scale));
+  }
+}
+#endif
 
 // q [rows, heads, n, d]; keys/values [rows, kv_heads, width, d] (last dim contiguous, any other strides);
 // seen: empty (prefix rule) or [rows, n, width] bool. Returns [rows, n, heads * d].
@@ -133,6 +222,10 @@ torch::Tensor attend_queries(torch::Tensor q, torch::Tensor keys, torch::Tensor 
           }
           // even and odd keys in two sets of accumulators (two independent chains), added at the end
           const int64_t blocks = d / 16;
+#ifndef __AVX512F__
+          weighted_values_avx2(weights.data(), cols.data(), count, vb, values.stride(2), blocks, o);
+          continue;
+#endif
           v16 even[MAX_BLOCKS], odd[MAX_BLOCKS];
           for (int64_t b = 0; b < blocks; ++b) even[b] = odd[b] = (v16){0};
           float total_odd = 0.f;
