@@ -35,7 +35,7 @@ def _cpu_lock(exclusive: bool):
     """A readers-writer lock between the suite's worker processes (a no-op in a run of one process). Every test
     holds it shared while it runs, its fixtures' set-up and tear-down included; a test marked `timed` (it reads
     wall-clock speed) holds it alone while it runs, so no other test shares the CPU while it times. Its module's
-    fixtures (loading and warming models) are set up before, outside the lock. The gate gives the timed test
+    fixtures (loading models) are set up before, outside the lock, but for what they run under `cpu_alone`. The gate gives the timed test
     precedence: once it waits, no other test starts until it has run."""
     run_folder = os.environ.get("SPECGEN_TEST_RUN_FOLDER")
     if not os.environ.get("PYTEST_XDIST_WORKER") or not run_folder:
@@ -69,6 +69,14 @@ def pytest_runtest_protocol(item, nextitem):
         return
     with _cpu_lock(exclusive=False):
         yield
+
+
+@pytest.fixture(scope="session")
+def cpu_alone():
+    """`with cpu_alone():` runs the block while no other test runs, for set-up that measures this machine (`auto`'s
+    calibration while the demo's models warm up) in a timed test's module (only there: other tests hold the lock
+    shared while they run)."""
+    return lambda: _cpu_lock(exclusive=True)
 
 
 @pytest.fixture(autouse=True)
