@@ -29,14 +29,13 @@ def _isolated_user_cache(tmp_path_factory):
         os.environ["SPECGEN_HOME"] = before
 
 
-
 @contextlib.contextmanager
 def _cpu_lock(exclusive: bool):
     """A readers-writer lock between the suite's worker processes (a no-op in a run of one process). Every test
     holds it shared while it runs, its fixtures' set-up and tear-down included; a test marked `timed` (it reads
     wall-clock speed) holds it alone while it runs, so no other test shares the CPU while it times. Its module's
-    fixtures (loading models) are set up before, outside the lock, but for what they run under `cpu_alone`. The gate gives the timed test
-    precedence: once it waits, no other test starts until it has run."""
+    fixtures (loading models) are set up before, outside the lock, but for what they run under `cpu_alone`. The
+    gate gives the timed test precedence: once it waits, no other test starts until it has run."""
     run_folder = os.environ.get("SPECGEN_TEST_RUN_FOLDER")
     if not os.environ.get("PYTEST_XDIST_WORKER") or not run_folder:
         yield

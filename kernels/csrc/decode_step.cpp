@@ -17,7 +17,7 @@ constexpr int OUT_TILE = 4;  // 16 accumulators + 4 weight blocks fit the 32 vec
 constexpr int ROW_TILE = 4;
 #else
 // AVX2 holds a v16 in two of its 16 registers: 2 rows x 2 outputs (8 registers of accumulators, 4 of weights, 2 of
-// input) fit; 4 rows spilled the accumulators to the stack on every FMA, and a 13-slot window cost 6x a 2-slot one
+// input) fit (the AVX2 `tile` below)
 constexpr int OUT_TILE = 2;
 constexpr int ROW_TILE = 2;
 #endif
@@ -45,17 +45,6 @@ static inline v16 fold4(const v16* acc, int count) {
   return __builtin_shuffle(c0, c1, lo2) + __builtin_shuffle(c0, c1, hi2);
 }
 
-// The row's output tile from its accumulators: each pair's 16 lanes folded by one fixed tree (`fold4`).
-template <int R>
-static inline void store_tile(const v16 (&acc)[R][OUT_TILE], int64_t outs_here, float* out, int64_t out_stride) {
-  for (int r = 0; r < R; ++r) {
-    float l[16];
-    const v16 folded = fold4(acc[r], OUT_TILE);
-    __builtin_memcpy(l, &folded, sizeof(l));
-    for (int k = 0; k < outs_here; ++k) out[r * out_stride + k] = (l[4 * k] + l[4 * k + 1]) + (l[4 * k + 2] + l[4 * k + 3]);
-  }
-}
-
 #ifdef __AVX512F__
 template <int R>
 static inline void tile(const float* w, int64_t outs_here, const float* const* x, int64_t n, float* out,
@@ -75,13 +64,19 @@ static inline void tile(const float* w, int64_t outs_here, const float* const* x
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) block(i, 16);
   if (i < n) block(i, n - i);
-  store_tile<R>(acc, outs_here, out, out_stride);
+  for (int r = 0; r < R; ++r) {
+    float l[16];
+    const v16 folded = fold4(acc[r], OUT_TILE);
+    __builtin_memcpy(l, &folded, sizeof(l));
+    for (int k = 0; k < outs_here; ++k) out[r * out_stride + k] = (l[4 * k] + l[4 * k + 1]) + (l[4 * k + 2] + l[4 * k + 3]);
+  }
 }
 #else
 // The same 16-lane chains as two 8-lane halves in AVX2 registers: GCC lowers the generic 16-lane vectors to stack
 // loads and stores without AVX-512 (a 13-slot window cost 7x a one-slot one). Lane j of a pair still accumulates
 // fma(w[j + 16b], x[j + 16b], .) over the blocks b in order and folds by the same tree, so every pair gets the
 // bits the AVX-512 build gives it.
+
 // One 16-input block of a row against the tile's two weight rows: lane j of each pair accumulates fma(w, x, .).
 static inline void pair_block(const float* w0, const float* w1, const float* xr, __m256& lo0, __m256& hi0,
                               __m256& lo1, __m256& hi1) {
