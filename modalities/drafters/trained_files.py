@@ -8,6 +8,7 @@ time would cost tens of milliseconds, so both are kept per file state (path, siz
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 _SHA: dict[tuple, str] = {}
@@ -23,7 +24,9 @@ def target_sha256(model_path: str) -> str:
     """The sha256 of the target folder's weights, computed once per state of its files."""
     from specgen.modalities.text.training.distill.windows import model_sha256
 
-    key = tuple(file_stamp(p) for p in sorted(Path(model_path).iterdir()) if p.is_file())
+    # the folder's entries by name, size and mtime (scandir's stat, no path resolution: this runs per request)
+    key = (str(model_path), tuple(sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns)
+                                         for e in os.scandir(model_path) if e.is_file())))
     if key not in _SHA:
         _SHA[key] = model_sha256(model_path)
     return _SHA[key]

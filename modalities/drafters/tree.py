@@ -19,6 +19,7 @@ Children are drawn as the verification rule requires:
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Sequence
 
 import torch
@@ -193,8 +194,14 @@ def parse_accept_probs(text: str) -> list[float]:
 def tree_shape(knobs: dict) -> list[int]:
     """The static shape a `sequoia` request asks for: Sequoia's DP tree, or a named shape."""
     if knobs.get("shape", "dp") == "dp":
-        return trees.sequoia_tree(parse_accept_probs(knobs["accept_probs"]), knobs["tree_budget"], knobs["max_depth"])
+        return list(_dp_shape(str(knobs["accept_probs"]), knobs["tree_budget"], knobs["max_depth"]))
     return trees.named_shape(knobs["shape"])
+
+
+@lru_cache(maxsize=64)
+def _dp_shape(accept_probs: str, budget: int, max_depth: int | None) -> tuple[int, ...]:
+    # the DP over a 16-node budget takes 5 ms, and every request builds its drafter (auto: every candidate's)
+    return tuple(trees.sequoia_tree(parse_accept_probs(accept_probs), budget, max_depth))
 
 
 def max_nodes(construction: str, shape: list[int] | None, budget: int, depth: int | None) -> int:

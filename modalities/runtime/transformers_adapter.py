@@ -118,7 +118,8 @@ class TransformersTarget:
 
     def __init__(self, model, capacity: int | None = None, fast: bool = True, int8_head: bool = False,
                  matmul_dtype: torch.dtype | None = None, decode_kernel: bool = False):
-        self.model = model.eval()
+        # eval() walks every module: a few ms per request for a model that is already in eval mode
+        self.model = model.eval() if model.training else model
         # Llama and Gemma 3 checkpoints run through a compact forward of ours (same weights, same arithmetic;
         # `int8_head`: a Llama output layer as int8 rows, for drafts; `matmul_dtype`: a Llama's linear layers
         # in that dtype, see `llama_runner.LlamaRunner`)

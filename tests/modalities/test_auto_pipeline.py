@@ -62,6 +62,19 @@ def test_calibration_is_cached_per_machine_and_model(pair, monkeypatch):
     assert any(r["file"] == str(path) for r in calibration.cached_records())
 
 
+def test_a_request_does_not_time_plain_decoding_again(pair, monkeypatch):
+    """The stats' T_ar is measured once per octave of prompt length, not after every request."""
+    generator = TextGenerator(*pair)
+    calls = []
+    measure = generator.measure_step_s
+    monkeypatch.setattr(generator, "measure_step_s", lambda prompt: calls.append(prompt) or measure(prompt))
+    generator.generate("def f(a):\n", method="ar", max_new_tokens=3)
+    generator.generate("def g(b):\n", method="ar", max_new_tokens=3)
+    assert len(calls) == 1
+    generator.generate("def f(a):\n" * 4, method="ar", max_new_tokens=3)
+    assert len(calls) == 2
+
+
 def test_auto_candidates_knob(pair):
     generator = TextGenerator(*pair)
     result = generator.generate("def f(a):\n", max_new_tokens=12, candidates="ngram")
