@@ -6,6 +6,7 @@ decoding; the costs come from the calibration cache (`calibration.py`), measured
 from __future__ import annotations
 
 import logging
+import time
 from typing import Sequence
 
 import torch
@@ -15,7 +16,7 @@ from specgen.modalities import calibration
 from specgen.modalities.pipeline import make_drafter, servable
 from specgen.samplers import loop
 from specgen.samplers.acceptance import make_rule
-from specgen.samplers.auto import AutoDrafter, AutoPolicy, AutoRule, Candidate, chain_lengths
+from specgen.samplers.auto import AutoDrafter, AutoPolicy, AutoRule, Candidate, chain_lengths, nondecreasing
 from specgen.samplers.processing import Processing
 from specgen.samplers.registry import all_methods, get_method
 from specgen.samplers.stats import SpecStats
@@ -28,7 +29,16 @@ EVERY_STEP = ("eagle-head",)
 # `parallel` drafts in a process of its own while the target verifies: its step cost is an overlap that auto's
 # cost model (draft then verify) does not describe, and a candidate that sits out steps wastes its speculation
 OWN_PROCESS = ("parallel",)
+# drafters whose proposals take prompt lookup's tokens where it finds a match: the lookup candidate they share it with
+LOOKUP_PARTS = {"model-lookup": "ngram"}
+# a method left out where the one that subsumes it is offered: draft-lookup is the draft model with free point-mass
+# slots wherever prompt lookup finds a match, and ran at least as fast as `draft` in every category of both text
+# pairs' benches (docs/auto.md); offering both, auto switched between the two near-equal predictions, each switch
+# paying the other drafter's catch-up forward
+SUBSUMED = {"draft": "draft-lookup"}
 MAX_CHAIN = 16  # the longest chain draft auto tries
+RACE_KEEP = 0.85  # a candidate measured slower than this share of the fastest in calibration is not offered
+PRIOR_LENGTH = 8  # a chain's draft length in its calibration run where the method names none
 
 
 def candidate_names(generator, knobs: dict) -> list[str]:
@@ -41,9 +51,10 @@ def candidate_names(generator, knobs: dict) -> list[str]:
         return [n for n in names if n not in ("ar", "auto")]
     # a method that reads a datastore joins only when named: building one is minutes, not part of a request; one
     # that needs a trained head or adapter joins where the target has one
-    return [s.name for s in all_methods() if s.modality == generator.modality and s.lossless
-            and s.drafter not in (None, "auto", *EVERY_STEP, *OWN_PROCESS) and s.policy == "fixed"
-            and not any(k.name == "datastore" for k in s.knobs) and servable(generator, s)]
+    names = [s.name for s in all_methods() if s.modality == generator.modality and s.lossless
+             and s.drafter not in (None, "auto", *EVERY_STEP, *OWN_PROCESS) and s.policy == "fixed"
+             and not any(k.name == "datastore" for k in s.knobs) and servable(generator, s)]
+    return [n for n in names if SUBSUMED.get(n) not in names]
 
 
 def _lengths(generator, spec, knobs: dict, policy) -> tuple[int, ...]:
@@ -58,6 +69,7 @@ def _factory(generator, spec, knobs: dict, request_processing: Processing, engin
     """A function building a fresh Candidate for `spec` under the request's processing (or another one)."""
     policy = generator.policy(spec, knobs)
     lengths = _lengths(generator, spec, knobs, policy)
+    default = max(int(policy.next_length()), 1)
 
     def build(processing: Processing = request_processing) -> Candidate:
         drafter = make_drafter(generator, spec, knobs, processing, policy, engine)
@@ -66,7 +78,8 @@ def _factory(generator, spec, knobs: dict, request_processing: Processing, engin
         if spec.rule == "tree":
             nodes = _tree_nodes(spec, knobs)
         return Candidate(spec.name, drafter, rule, lengths, nodes=nodes, shadow=spec.drafter in SHADOWED,
-                         stateful=(spec.drafter or "").startswith("jacobi-"))
+                         stateful=(spec.drafter or "").startswith("jacobi-"),
+                         lookup_part=LOOKUP_PARTS.get(spec.drafter), default_length=default)
     return build
 
 
@@ -112,18 +125,35 @@ def build_auto_pipeline(generator, spec, prompts: Sequence[torch.Tensor], *, max
         factories[cand_spec.name] = factory
         candidates.append(candidate)
     costs, priors = calibrated(generator, target, processing, prompts[0], factories, candidates, quiet=quiet)
+    if not knobs.get("candidates"):
+        candidates = raced(candidates, priors)
     for candidate in candidates:
         prior = priors.get(candidate.name)
         if prior:
             candidate.prior_alpha, candidate.prior_hit = prior["alpha"], prior["hit"]
+            candidate.prior_alpha_at = tuple(prior["alpha_at"]) if prior.get("alpha_at") else None
             candidate.prior_tau = prior["tau"]
-    drafter = AutoDrafter(candidates, costs, margin=knobs.get("margin", 0.1))
+    drafter = AutoDrafter(candidates, costs, margin=knobs["margin"], clock=time.perf_counter)
     drafter.prime(prompts)
     policy = AutoPolicy(drafter)
     rule = AutoRule(drafter, make_rule("chain", processing))
     stats.reports.append(drafter.run_summary)
     return Pipeline(spec, knobs, processing, policy, drafter, rule, target, max_new_tokens,
                     tuple(generator.stop_tokens), stats)
+
+
+def raced(candidates: list[Candidate], priors: dict) -> list[Candidate]:
+    """The candidates whose calibration runs came within RACE_KEEP of the fastest one's measured speedup over plain
+    decoding (and every shadowed one: watching it costs no target forward). The cost model ranks candidates from
+    acceptance and step costs measured apart, and where two families sat close (the EAGLE head and draft-lookup on
+    the code pair, predicted 1.98x and 1.97x) it ranked them by noise while one ran a quarter faster (1.8x against
+    2.3x over the same prompts); offered every method, auto spent a request's first steps on such a loser and
+    paid a catch-up forward at each switch. A candidate without a measured speedup stays."""
+    measured = {c.name: priors.get(c.name, {}).get("speedup") for c in candidates}
+    best = max((s for s in measured.values() if s), default=None)
+    if best is None:
+        return candidates
+    return [c for c in candidates if c.shadow or not measured[c.name] or measured[c.name] >= RACE_KEEP * best]
 
 
 def calibration_paths(generator) -> list:
@@ -146,14 +176,27 @@ def calibrated(generator, target, processing: Processing, prompt: torch.Tensor, 
         if hasattr(generator, "example_prompt") and hasattr(generator, "encode"):
             prompt = generator.encode(generator.example_prompt)
         prompt = torch.as_tensor(prompt, dtype=torch.long).flatten()
+        prior_prompts = [prompt]
+        if hasattr(generator, "calibration_prompts"):
+            prior_prompts = [ids for ids in map(generator.encode, generator.calibration_prompts())
+                             if _fits(generator, ids)] or prior_prompts
         default = generator.processing()
         window_target, window_prompt = _window_context(generator, target, processing, prompt)
         record = calibration.calibrate(key, window_target, window_prompt, sorted(windows),
                                        {name: factories[name] for name in missing_candidates},
-                                       lambda c: _prior_run(target, c, default, prompt, generator),
+                                       lambda build: _prior_run(target, build, default, prior_prompts, generator),
                                        record, quiet=quiet, processing=default)
         calibration.save(record)
     return calibration.costs_of(record), record["prior"]
+
+
+def _fits(generator, prompt: torch.Tensor) -> bool:
+    """Whether a calibration run (and its widest window) fits the model's context after `prompt`."""
+    try:
+        generator.length_cap([prompt], calibration.PRIOR_TOKENS + MAX_CHAIN + 1)
+    except SpecgenError:
+        return False
+    return True
 
 
 def _window_context(generator, target, processing: Processing, prompt: torch.Tensor):
@@ -173,18 +216,43 @@ def _window_context(generator, target, processing: Processing, prompt: torch.Ten
     return GuidedTarget(engine, lambda row: torch.cat([uncond, torch.as_tensor(row)[len(uncond):]])), context
 
 
-def _prior_run(target, candidate: Candidate, processing: Processing, prompt: torch.Tensor, generator):
-    """(alpha, hit rate, tau) of `candidate` over a short run from `prompt` (a chain drafts at most 4 tokens)."""
+def _prior_run(target, build, processing: Processing, prompts: Sequence[torch.Tensor], generator) -> dict:
+    """A fresh candidate (`build()`) over a short run from each of `prompts`, drafting the method's own length:
+    its acceptance (alpha, by position, hit rate, tau), what its steps cost there (verification seconds and steps
+    by window; the length asked for and drafting seconds of each step after a run's first, which holds the
+    drafter's prompt prefill), and its tokens per second past the first token."""
     from specgen.samplers.length_policies import FixedLength
 
-    stats = SpecStats()
-    tokens = calibration.STATEFUL_PRIOR_TOKENS if candidate.stateful else calibration.PRIOR_TOKENS
-    tokens = min(tokens, generator.length_cap([prompt], None) if candidate.stateful else tokens)
-    loop.generate(target, candidate.drafter, candidate.rule, [prompt], processing=processing, stats=stats,
-                  max_new_tokens=tokens, policy=FixedLength(max(candidate.lengths) if candidate.by_tau else min(max(candidate.lengths), 4)),
-                  stop_tokens=tuple(generator.stop_tokens))
+    stats, later, run_s, run_tokens = SpecStats(), [], 0.0, 0
+    for prompt in prompts:
+        candidate = build()
+        tokens = calibration.STATEFUL_PRIOR_TOKENS if candidate.stateful else calibration.PRIOR_TOKENS
+        tokens = min(tokens, generator.length_cap([prompt], None) if candidate.stateful else tokens)
+        length = max(candidate.lengths) if candidate.by_tau else candidate.default_length or PRIOR_LENGTH
+
+        def run(candidate, tokens, stats):
+            started = time.perf_counter()
+            result = loop.generate(target, candidate.drafter, candidate.rule, [prompt], processing=processing,
+                                   stats=stats, max_new_tokens=tokens, policy=FixedLength(length),
+                                   stop_tokens=tuple(generator.stop_tokens))
+            return result, time.perf_counter() - started
+        # the run's seconds past its first token: the prefill timed by a one-token run of a fresh candidate
+        _, prefill_s = run(build(), 1, SpecStats())
+        result, seconds = run(candidate, tokens, stats)
+        later += [e for e in result.events if e.step > 0]
+        run_s += max(seconds - prefill_s, 1e-9)
+        run_tokens += max(sum(len(e.tokens) for e in result.events) - 1, 0)
     tested = stats.accepted + stats.rejections
-    alpha = stats.accepted / tested if tested else 0.0
     total = sum(stats.draft_lengths.values())
-    hit = 1.0 - stats.draft_lengths.get(0, 0) / total if total else 1.0
-    return alpha, hit, stats.committed / stats.row_steps if stats.row_steps else 1.0
+    alpha = stats.accepted / tested if tested else 0.0
+    # per position, each shrunk towards the pooled alpha by 4 pseudo-tests (the deep positions see few tests), then
+    # fitted non-decreasing: given the earlier tokens matched, a later one matches at least as often (so measured on
+    # every drafter here; a dip at one position is the noise of a few tests)
+    alpha_at = [(a + 4 * alpha) / (t + 4) for t, a in zip(stats.tested_at, stats.accepted_at)]
+    alpha_at = nondecreasing(alpha_at, [t + 4 for t in stats.tested_at])
+    return {"alpha": alpha, "alpha_at": alpha_at,
+            "hit": 1.0 - stats.draft_lengths.get(0, 0) / total if total else 1.0,
+            "tau": stats.committed / stats.row_steps if stats.row_steps else 1.0,
+            "verify_by_window": {n: tuple(v) for n, v in stats.verify_by_window.items()},
+            "lengths": [length] * len(later), "draft_s": [e.draft_s for e in later],
+            "tokens_per_s": run_tokens / run_s if run_s else None}

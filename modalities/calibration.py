@@ -21,16 +21,17 @@ import torch
 
 from specgen import settings
 from specgen.modalities.runtime.transformers_adapter import measure_window_s
-from specgen.samplers.auto import Costs
+from specgen.samplers.auto import Costs, nondecreasing
 from specgen.samplers.types import DecodeContext
 
-VERSION = 8  # 2: fastest of 5 timings, monotone in window size; 4: Jacobi priors over a whole image or clip; 5: image/
+VERSION = 9  # 2: fastest of 5 timings, monotone in window size; 4: Jacobi priors over a whole image or clip; 5: image/
 # video windows timed at half a request's context; 7: windows timed round-robin and fitted monotone (PAV), the int8
 # kernel reads the weights once for 7-12 rows; 8: the decode step's AVX2 tiles keep to registers (wide windows cost
-# a fifth of before there), and the key names the kernels' instruction set
+# a fifth of before there), and the key names the kernels' instruction set; 9: drafting's fixed cost and each verified
+# slot's cost as measured inside the loop
 # a Jacobi window's run, one whole image or clip (at most this many tokens): its tokens per step grow as it settles
 STATEFUL_PRIOR_TOKENS = 2048
-PRIOR_TOKENS = 48  # tokens of the short run that measures each candidate's acceptance
+PRIOR_TOKENS = 64  # tokens of each short run (one per calibration prompt) that measures a candidate's acceptance
 WINDOWS = (1, 2, 3, 4, 5, 6, 8, 10, 13, 17)
 
 
@@ -84,7 +85,35 @@ def save(record: dict) -> Path:
 
 def costs_of(record: dict) -> Costs:
     return Costs({int(n): s for n, s in record["verify_s"].items()},
-                 {name: tuple(v) for name, v in record["draft_s"].items()}, record.get("overhead_s", 0.0))
+                 {name: tuple(v) for name, v in record["draft_s"].items()}, record.get("overhead_s", 0.0),
+                 record.get("verify_per_slot_s", 0.0))
+
+
+def _in_loop_fixed(costs: Costs, name: str, run: dict, per_token: float) -> float:
+    """The fixed drafting seconds per step of the candidate's calibration runs. The timings alone propose again
+    and again on one warm context; in the loop the drafter first catches up on the last step's tokens (a forward
+    of its own whatever the length asked next, so it goes into the fixed part; the timings keep the slope) and
+    finds its caches cold after the target's forward. On the code pair the timings alone priced the EAGLE head's
+    step at 5.2 ms against 8.4 in the loop, and `auto` chose it (predicted 2.5x plain decoding, ran 1.7x) over
+    draft-lookup (predicted 1.9x, ran 1.9x). Never below the timings' own (a lookup hit drafts for nothing)."""
+    steps = len(run["lengths"])
+    fixed = costs.draft(name, 0)
+    return max(fixed, (sum(run["draft_s"]) - per_token * sum(run["lengths"])) / steps) if steps else fixed
+
+
+def _per_slot_s(costs: Costs, windows: list[tuple[int, float, int]]) -> float:
+    """Seconds each verified slot beyond the first adds inside the loop over the target's forward: the acceptance
+    rule's laws over the vocabulary (on Gemma 3 262,144 logits per slot) and the cache bookkeeping. The slope of
+    (in-loop verification per step - T_verify(n)) against n, weighted by steps, from every calibration run's
+    windows (n, seconds, steps); the part every step pays, one slot included, is the loop overhead."""
+    points = [(n, seconds / count - costs.verify(n), count) for n, seconds, count in windows if count]
+    total = sum(w for _, _, w in points)
+    if len({n for n, _, _ in points}) < 2 or total == 0:
+        return 0.0
+    mean_n = sum(n * w for n, _, w in points) / total
+    mean_e = sum(e * w for _, e, w in points) / total
+    spread = sum(w * (n - mean_n) ** 2 for n, _, w in points)
+    return max(sum(w * (n - mean_n) * (e - mean_e) for n, e, w in points) / spread, 0.0)
 
 
 class Progress:
@@ -109,9 +138,10 @@ class Progress:
 
 def calibrate(key: dict, target, prompt: torch.Tensor, windows: Sequence[int], candidates: dict[str, Callable],
               run_prior: Callable, record: dict | None = None, quiet: bool = False, processing=None) -> dict:
-    """Measure what `record` lacks: T_verify(n) for each n of `windows`, and per candidate (name -> a function
-    building a fresh `Candidate`) its drafting cost and its acceptance on a short run (`run_prior(candidate)` ->
-    (alpha, hit rate, tau))."""
+    """Measure what `record` lacks: T_verify(n) for each n of `windows`, the loop's overhead per step, and per
+    candidate (name -> a function building a fresh `Candidate`) its drafting cost and its acceptance on short runs
+    (`run_prior(build)` -> a dict of acceptance and step timings), whose timings then set the drafting cost's fixed
+    part and each verified slot's cost inside the loop."""
     started = time.perf_counter()
     record = record or {"key": key, "verify_s": {}, "draft_s": {}, "prior": {}}
     todo_windows = [n for n in windows if str(n) not in record["verify_s"]]
@@ -134,12 +164,21 @@ def calibrate(key: dict, target, prompt: torch.Tensor, windows: Sequence[int], c
         record["verify_s"] = _monotone(record["verify_s"])
         if "overhead_s" not in record:
             record["overhead_s"] = _loop_overhead(target, prompt, record["verify_s"]["1"], processing)
+        run_windows: list[tuple[int, float, int]] = []  # (n, seconds, steps) of verification in the runs
         for name in todo:
-            candidate = candidates[name]() if processing is None else candidates[name](processing)
-            record["draft_s"][name] = list(_draft_cost(candidate, prompt))
-            alpha, hit, tau = run_prior(candidate)
-            record["prior"][name] = {"alpha": alpha, "hit": hit, "tau": tau}
+            build = candidates[name] if processing is None else lambda name=name: candidates[name](processing)
+            fixed, per_token = _draft_cost(build(), prompt)
+            record["draft_s"][name] = [fixed, per_token]
+            run = run_prior(build)
+            record["prior"][name] = {k: run[k] for k in ("alpha", "alpha_at", "hit", "tau") if k in run}
+            if run.get("tokens_per_s"):  # over plain decoding's step in the loop
+                plain_s = record["verify_s"]["1"] + record["overhead_s"]
+                record["prior"][name]["speedup"] = run["tokens_per_s"] * plain_s
+            record["draft_s"][name][0] = _in_loop_fixed(costs_of(record), name, run, per_token)
+            run_windows += [(int(n), seconds, count) for n, (seconds, count) in run["verify_by_window"].items()]
             progress.update(name)
+        if run_windows:
+            record["verify_per_slot_s"] = _per_slot_s(costs_of(record), run_windows)
     finally:
         progress.close()
     record["seconds"] = round(record.get("seconds", 0.0) + time.perf_counter() - started, 2)
@@ -173,18 +212,11 @@ def _loop_overhead(target, prompt: torch.Tensor, verify_one_s: float, processing
 
 
 def _monotone(verify_s: dict) -> dict:
-    """A larger window never costs less: the closest non-decreasing fit (pool adjacent violators). Where a size
-    reads cheaper than a smaller one, both take their mean, so one lucky timing of a wide window does not make
-    every narrower one look as cheap (which would overstate what a longer draft costs against a shorter one)."""
+    """A larger window never costs less: the closest non-decreasing fit. Where a size reads cheaper than a smaller
+    one, both take their mean, so one lucky timing of a wide window does not make every narrower one look as cheap
+    (which would overstate what a longer draft costs against a shorter one)."""
     sizes = sorted(verify_s, key=int)
-    blocks: list[list] = []  # [mean, count] of pooled runs of sizes
-    for n in sizes:
-        blocks.append([verify_s[n], 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (mean_b, count_b), (mean_a, count_a) = blocks.pop(), blocks.pop()
-            blocks.append([(mean_a * count_a + mean_b * count_b) / (count_a + count_b), count_a + count_b])
-    fitted = [mean for mean, count in blocks for _ in range(count)]
-    return dict(zip(sizes, fitted))
+    return dict(zip(sizes, nondecreasing([verify_s[n] for n in sizes])))
 
 
 def _draft_cost(candidate, prompt: torch.Tensor) -> tuple[float, float]:

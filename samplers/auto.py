@@ -45,6 +45,9 @@ class Costs:
     # millisecond, a third of a plain step of the small speech and code models, so without it short drafts (more
     # steps) look as cheap as long ones
     overhead_s: float = 0.0
+    # what each verified slot beyond the first adds inside the loop (the acceptance rule's laws over the vocabulary,
+    # cache bookkeeping), measured by calibration runs; the first slot's share is in overhead_s
+    verify_per_slot_s: float = 0.0
 
     def verify(self, n: int) -> float:
         """T_verify(n), linear between measured sizes, extended by the last segment's slope."""
@@ -84,6 +87,14 @@ class Candidate:
     lengths: tuple[int, ...]
     nodes: int | None = None  # a tree's drafted nodes (the root excluded); None for a chain
     prior_alpha: float = 0.5
+    # acceptance by draft position (given the earlier ones accepted) from the calibration run, its last entry
+    # standing for every deeper one: a draft that has matched for a few tokens tends to go on matching (code pair,
+    # draft-lookup: 0.81 at the first position, 0.89-0.95 from the fifth), so one pooled alpha keeps drafts short
+    prior_alpha_at: tuple[float, ...] | None = None
+    # the shadowed lookup candidate whose slots this one's proposals take where lookup finds a match (draft-lookup:
+    # prompt lookup's): on a prompt where lookup predicts the prompt well, its prior is raised towards lookup's
+    lookup_part: str | None = None
+    default_length: int | None = None  # the method's own draft length (its calibration run drafts it)
     prior_hit: float = 1.0
     prior_tau: float | None = None  # tokens per step, for candidates judged by it (trees, stateful drafters)
     shadow: bool = False
@@ -98,6 +109,26 @@ class Candidate:
     @property
     def by_tau(self) -> bool:
         return self.nodes is not None or self.stateful
+
+
+@dataclass
+class _Timing:
+    """One candidate's timed steps in this request: measured and calibrated seconds of drafting and verifying."""
+
+    draft_s: float = 0.0
+    draft_predicted: float = 0.0
+    verify_s: float = 0.0
+    verify_predicted: float = 0.0
+    steps: int = 0
+
+    def ratios(self, weight: float) -> tuple[float, float]:
+        """(drafting, verifying) measured over calibrated, each shrunk to 1 by `weight` pseudo-steps."""
+        if not self.steps:
+            return 1.0, 1.0
+        return tuple((measured + weight * predicted / self.steps) / (predicted * (1 + weight / self.steps))
+                     if predicted > 0 else 1.0
+                     for measured, predicted in ((self.draft_s, self.draft_predicted),
+                                                 (self.verify_s, self.verify_predicted)))
 
 
 @dataclass
@@ -127,7 +158,12 @@ class AutoDrafter:
     PROBE_EVERY = 8  # steps between probes of a model drafter not running, growing by PROBE_GROWTH after each
     PROBE_GROWTH = 1.5
 
-    def __init__(self, candidates: list[Candidate], costs: Costs, *, margin: float = 0.05, prior_weight=None):
+    PLAIN_DECIDE_EVERY = 8
+    EXPLORE = 0.5  # the share of the gap to 1 an untested position's acceptance is raised by when choosing a length
+    TIMING_WEIGHT = 3.0  # pseudo-steps at the calibrated cost behind each candidate's timed steps
+
+    def __init__(self, candidates: list[Candidate], costs: Costs, *, margin: float = 0.05, prior_weight=None,
+                 clock=None):
         self.candidates = {c.name: c for c in candidates}
         self.costs = costs
         self.margin = margin
@@ -142,6 +178,15 @@ class AutoDrafter:
         self._probe_gap = {c.name: self.PROBE_EVERY for c in candidates}
         self.timeline: list[dict] = []
         self.steps_by_method: dict[str, int] = {}
+        # `clock` (e.g. time.perf_counter) times each step's drafting and verification, so the cost model learns
+        # what this request's steps cost; None keeps to the calibration (deterministic choices)
+        self.clock = clock
+        self._timing: dict[str, _Timing] = {}
+        self._clocked: dict[str, float] = {}  # this step's drafting seconds, and when its verification began
+        self._ran_last: str | None = None
+        self._budget = 0
+        self._lookup_share: dict[str, float] = {}
+        self._settled = False
 
     # ---- before the first step -------------------------------------------------------------------------------
 
@@ -152,7 +197,22 @@ class AutoDrafter:
         for cand in self.candidates.values():
             if cand.shadow and len(prompt) > 2:
                 self._shadow_prompt(cand, prompt)
+        for cand in self.candidates.values():
+            if cand.lookup_part in self.candidates and self.candidates[cand.lookup_part].shadow:
+                self._lift_by_lookup(cand)
         self._decide(first=True)
+
+    def _lift_by_lookup(self, cand: Candidate) -> None:
+        """Raise the prior of a candidate that drafts with prompt lookup where lookup matches: position by position
+        to hit * lookup's acceptance + (1 - hit) * its own, where that is higher, from the lookup candidate's
+        estimates on this prompt. The calibration prompts have little to repeat, so without this draft-lookup met a
+        retrieval prompt priced as its draft model alone, and auto ran prompt lookup there (code pair, RAG: tau 2.7
+        against draft-lookup's 4.4). Set once, before the first step, so it does not move with every shadowed step."""
+        hit = self.hit_rate(cand.lookup_part)
+        self._lookup_share[cand.name] = hit  # the slots lookup fills cost no draft forward
+        own = self._profile(cand, max(len(cand.prior_alpha_at or ()), 8))
+        lookup = self.alphas(cand.lookup_part, len(own))
+        cand.prior_alpha_at = tuple(max(a, hit * b + (1.0 - hit) * a) for a, b in zip(own, lookup))
 
     def _shadow_prompt(self, cand: Candidate, prompt: list[int], last: int = 48) -> None:
         estimate = self.estimates[cand.name]
@@ -192,7 +252,7 @@ class AutoDrafter:
                 expected += (self._prior_tau(cand) - 1.0) * est.steps
             else:
                 seen += sum(est.accepted_at)
-                expected += cand.prior_alpha * sum(est.tested_at)
+                expected += sum(t * a for t, a in zip(est.tested_at, self._profile(cand, len(est.tested_at))))
         ratio = (seen + self.weight) / (expected + self.weight)
         return min(max(ratio, self.DIFFICULTY_FLOOR), 1.0 / self.DIFFICULTY_FLOOR)
 
@@ -204,17 +264,33 @@ class AutoDrafter:
         cand = self.candidates[name]
         return cand.prior_alpha if cand.shadow else min(cand.prior_alpha * self.difficulty(name), 0.99)
 
+    @staticmethod
+    def _profile(cand: Candidate, depth: int) -> list[float]:
+        """The calibration's acceptance at positions 1..depth (the pooled prior where it measured none)."""
+        at = cand.prior_alpha_at or (cand.prior_alpha,)
+        return [at[min(d, len(at) - 1)] for d in range(depth)]
+
     def alphas(self, name: str, depth: int) -> list[float]:
-        """Acceptance per draft position 1..depth, each shrunk towards the candidate's pooled estimate, which is
-        shrunk towards its prior (scaled by the request's difficulty)."""
-        est = self.estimates[name]
-        pooled = (sum(est.accepted_at) + self.weight * self.prior_alpha(name)) / (sum(est.tested_at) + self.weight)
-        out = []
+        """Acceptance per draft position 1..depth: the calibration's profile over positions, its level set by how
+        this request's drafts fared against it (and, for a candidate that has not run, by the request's
+        difficulty), each position then shrunk towards it by its own tests."""
+        cand, est = self.candidates[name], self.estimates[name]
+        size = max(depth, len(est.tested_at))
+        level = self.prior_alpha(name) / cand.prior_alpha if cand.prior_alpha > 0 else 1.0
+        priors = [min(a * level, 0.99) for a in self._profile(cand, size)]
+        # the level takes twice the pseudo-tests: each test also moves its own position's estimate below, and one
+        # rejection at the first position should not halve every draft's predicted length
+        expected = sum(t * a for t, a in zip(est.tested_at, priors))
+        ratio = (sum(est.accepted_at) + 2 * self.weight) / (expected + 2 * self.weight)
+        out, weights = [], []
         for d in range(depth):
             tested = est.tested_at[d] if d < len(est.tested_at) else 0
             accepted = est.accepted_at[d] if d < len(est.accepted_at) else 0
-            out.append((accepted + self.weight * pooled) / (tested + self.weight))
-        return out
+            out.append((accepted + self.weight * min(priors[d] * ratio, 0.99)) / (tested + self.weight))
+            weights.append(tested + self.weight)
+        # non-decreasing over positions, as the calibration's profile: one rejection at the third position must not
+        # read as a wall there that keeps every draft at two tokens
+        return nondecreasing(out, weights)
 
     def hit_rate(self, name: str) -> float:
         cand, est = self.candidates[name], self.estimates[name]
@@ -223,8 +299,12 @@ class AutoDrafter:
     def expected_tokens(self, name: str, length: int, optimistic: bool = False) -> float:
         return self._expected_by_length(name, length, optimistic)[length]
 
-    def _expected_by_length(self, name: str, depth: int, optimistic: bool = False) -> list[float]:
-        """E(g) for g = 0..depth (a tree: its tau at every index)."""
+    def _expected_by_length(self, name: str, depth: int, optimistic: bool = False,
+                            explore: bool = False) -> list[float]:
+        """E(g) for g = 0..depth (a tree: its tau at every index). `explore`: each position's acceptance raised
+        towards 1 by EXPLORE of the gap while it has few tests of its own, so the length chosen reaches positions
+        this request has not tested (a draft kept at 3 tokens never learns that the 6th is accepted 9 times in 10,
+        and the calibration's short runs see less of that than a long completion does)."""
         cand, est = self.candidates[name], self.estimates[name]
         if cand.by_tau:
             prior = 1.0 + (self._prior_tau(cand) - 1.0) * self.difficulty(name)
@@ -235,6 +315,9 @@ class AutoDrafter:
         if optimistic:
             bonus = 1.0 / math.sqrt(sum(est.tested_at) + 1)
             alphas = [min(a + bonus, 0.999) for a in alphas]
+        elif explore:
+            tested = est.tested_at + [0] * max(depth - len(est.tested_at), 0)
+            alphas = [a + (1.0 - a) * self.EXPLORE * self.weight / (t + self.weight) for a, t in zip(alphas, tested)]
         hit = self.hit_rate(name)
         out, total, run = [1.0], 0.0, 1.0
         for a in alphas:
@@ -244,14 +327,29 @@ class AutoDrafter:
         return out
 
     def step_cost(self, name: str, length: int, hit: float | None = None) -> float:
+        """Predicted seconds of one step: drafting and verification as calibrated, each scaled by how this
+        request's timed steps of `name` compared with the calibration."""
+        draft_ratio, verify_ratio = self._timing.get(name, _Timing()).ratios(self.TIMING_WEIGHT)
         if name == PLAIN:
-            return self.costs.verify(1) + self.costs.overhead_s
+            return verify_ratio * self._verify_cost(PLAIN, 0)
         cand = self.candidates[name]
         if cand.is_tree:
-            return self.costs.draft(name, length) + self.costs.verify(cand.nodes + 1) + self.costs.overhead_s
-        hit = self.hit_rate(name) if hit is None else hit
-        return (self.costs.draft(name, length) + hit * self.costs.verify(length + 1)
-                + (1.0 - hit) * self.costs.verify(1) + self.costs.overhead_s)
+            verify = self._verify_cost(name, cand.nodes)
+        else:
+            hit = self.hit_rate(name) if hit is None else hit
+            verify = hit * self._verify_cost(name, length) + (1.0 - hit) * self._verify_cost(name, 0)
+        return draft_ratio * self._draft_cost(name, length) + verify_ratio * verify
+
+    def _draft_cost(self, name: str, length: int) -> float:
+        if name == PLAIN:
+            return 0.0
+        share = self._lookup_share.get(name, 0.0)  # of its slots, those prompt lookup fills: no draft forward
+        return self.costs.draft(name, 0) + (1.0 - share) * (self.costs.draft(name, length) - self.costs.draft(name, 0))
+
+    def _verify_cost(self, name: str, drafted: int) -> float:
+        """Verifying `drafted` tokens (drafted + 1 slots) inside the loop, with the loop's own cost per step (mostly
+        the acceptance rule's: timed with the verification, so a plain step's timing compares like with like)."""
+        return self.costs.verify(drafted + 1) + self.costs.verify_per_slot_s * drafted + self.costs.overhead_s
 
     def speed(self, name: str, length: int, optimistic: bool = False) -> float:
         """Predicted tokens per second."""
@@ -259,10 +357,10 @@ class AutoDrafter:
             return 1.0 / self.step_cost(PLAIN, 0)
         return self.expected_tokens(name, length, optimistic) / self.step_cost(name, length)
 
-    def best_length(self, name: str, optimistic: bool = False) -> tuple[int, float]:
+    def best_length(self, name: str, optimistic: bool = False, explore: bool = False) -> tuple[int, float]:
         """(length, predicted tokens per second) of the candidate's fastest length (the shortest on ties)."""
         cand = self.candidates[name]
-        expected = self._expected_by_length(name, max(cand.lengths), optimistic)
+        expected = self._expected_by_length(name, max(cand.lengths), optimistic, explore)
         hit = None if cand.by_tau else self.hit_rate(name)
         best = None
         for g in cand.lengths:
@@ -288,21 +386,45 @@ class AutoDrafter:
         current, length = self.choice
         choice = self.choice
         if first:
-            choice = (best, predicted[best]["length"])
+            # plain decoding unless a drafter is predicted faster by half the margin: the predictions err by about a
+            # tenth, and a request that starts drafting for a predicted 1.05x ran at 0.9x (speech demo example)
+            if best != PLAIN and predicted[best]["predicted_speedup"] < 1.0 + self.margin / 2:
+                best = PLAIN
+            choice = (best, self._length(best))
         else:
             now = self.speed(current, length) / self.speed(PLAIN, 0)
             if best != current and predicted[best]["predicted_speedup"] > now * (1.0 + self.margin):
-                choice = (best, predicted[best]["length"])
-            elif current != PLAIN and predicted[current]["length"] != length:
-                choice = (current, predicted[current]["length"])  # re-length within the candidate: no margin
+                choice = (best, self._length(best))
+            elif current != PLAIN and not self.candidates[current].by_tau:
+                # re-length within the candidate at half the margin: near its best length the predicted speed is
+                # flat, and without one the length followed every accept and reject (4, 2, 4, 2, 7 on the code pair)
+                new_length, new_speed = self.best_length(current, explore=True)
+                if new_length != length and new_speed > self._explore_speed(current, length) * (1 + self.margin / 2):
+                    choice = (current, new_length)
+        # plain decoding with nothing shadowed and no probes from it cannot learn anything that would make a drafter
+        # win: the rest of the request is plain decoding at a plain step's cost (the decision's own bookkeeping was
+        # 6 % of a speech request's time at the demo's example)
+        self._settled = choice[0] == PLAIN and not any(c.shadow for c in self.candidates.values())
         if first or choice != self.choice:
             self.timeline.append({"step": self.step, "method": choice[0], "length": choice[1],
                                   "predicted": {n: round(p["predicted_speedup"], 3) for n, p in predicted.items()}})
         self.choice = choice
 
+    def _length(self, name: str) -> int:
+        """The length a newly chosen candidate drafts: its best with exploration (the point estimate's for trees)."""
+        return 0 if name == PLAIN else self.best_length(name, explore=True)[0]
+
+    def _explore_speed(self, name: str, length: int) -> float:
+        return self._expected_by_length(name, length, explore=True)[length] / self.step_cost(name, length)
+
     def _probe(self) -> tuple[str, int] | None:
-        """A model drafter not running whose optimistic speed still beats the current choice, once its turn is due."""
+        """A model drafter not running whose optimistic speed still beats the current choice, once its turn is due.
+        None while plain decoding runs: a drafter that has sat out re-feeds the whole context at its probe (on the
+        speech pair four probes of a 200-step request cost it a tenth), and plain decoding was chosen because no
+        drafter was predicted to beat it (shadowed lookup still can)."""
         current, length = self.choice
+        if current == PLAIN:
+            return None
         now, now_cost = self.speed(current, length), self.step_cost(current, length)
         for name, cand in self.candidates.items():
             # a stateful drafter's single step says little (its window starts cold): it is not probed
@@ -321,14 +443,21 @@ class AutoDrafter:
                 continue
             self._probe_credit[name] = 0
             self._probe_gap[name] = round(self._probe_gap[name] * self.PROBE_GROWTH)
-            if self.best_length(name, optimistic=True)[1] > now * (1.0 + self.margin):
+            # worth a look only when its point estimate is within the margin of the current choice: on Gemma every
+            # untried drafter's optimism beat the current choice, and the probes with their catch-up forwards cost
+            # a tenth of the steps
+            if self.best_length(name)[1] >= now * (1.0 - self.margin) and \
+                    self.best_length(name, optimistic=True)[1] > now * (1.0 + self.margin):
                 return name, probe_length
         return None
 
     # ---- the Drafter protocol ----------------------------------------------------------------------------------
 
     def next_length(self) -> int:
-        """What the loop may draft this step (>= 1 so `propose` runs and can shadow; plain returns nothing)."""
+        """What the loop may draft this step (>= 1 so `propose` runs and can shadow; plain returns nothing; 0 once
+        settled on plain decoding, and then the loop proposes nothing)."""
+        if self._settled:
+            return 0
         probe = self._probe()
         self._running, length = probe if probe is not None else self.choice
         self.step_rule = None
@@ -342,17 +471,38 @@ class AutoDrafter:
         for name, cand in self.candidates.items():
             if cand.shadow and name != self._running:
                 self._shadows[name] = cand.drafter.propose(ctx, max(cand.lengths))
+        self._budget = budget
         if self._running == PLAIN:
+            self._clock_draft(None)
             return Draft.empty(len(ctx.tokens))
         cand = self.candidates[self._running]
         self.step_rule = cand.rule
-        return cand.drafter.propose(ctx, budget)
+        started = self._clock_draft(None)
+        proposal = cand.drafter.propose(ctx, budget)
+        self._clock_draft(started)
+        return proposal
+
+    def _clock_draft(self, started: float | None) -> float | None:
+        """Times the running drafter's proposal (`started`: when it began); the verification starts at its end."""
+        if self.clock is None:
+            return None
+        now = self.clock()
+        if started is None:
+            self._clocked = {"draft_s": 0.0, "verify_from": now}
+        else:
+            self._clocked = {"draft_s": now - started, "verify_from": now}
+        return now
 
     def observe(self, verdict: Verdict) -> None:
+        if self._settled:
+            self.steps_by_method[PLAIN] = self.steps_by_method.get(PLAIN, 0) + 1
+            self.step += 1
+            return
         running = self._running if self.step_rule is not None else PLAIN
         self.steps_by_method[running] = self.steps_by_method.get(running, 0) + 1
         committed = [[t for t, s in zip(toks, srcs) if s >= 0]
                      for toks, srcs in zip(verdict.tokens.tolist(), verdict.source.tolist())]
+        verified = self.clock() if self.clock is not None else None
         if running != PLAIN:
             cand, est = self.candidates[running], self.estimates[running]
             cand.drafter.observe(verdict)
@@ -364,6 +514,7 @@ class AutoDrafter:
                     est.committed += len(committed[i])
                 else:
                     est.record(drafted, accepted, rejected[i])
+        learnt = running != PLAIN or bool(self._shadows)
         for name, shadow in self._shadows.items():  # what a point-mass drafter would have had accepted
             est = self.estimates[name]
             for i, tokens in enumerate(committed):
@@ -373,8 +524,26 @@ class AutoDrafter:
                 tested = min(drafted, len(tokens))
                 est.record(tested, accepted, accepted < tested)
         self._shadows = {}
+        # time this step unless its drafter has just taken over: its first step catches up on what the others
+        # committed, a cost of switching rather than of its steps (the drafter's observe counts as drafting)
+        if verified is not None and running == self._ran_last and self._clocked:
+            if running != PLAIN and self.candidates[running].is_tree:
+                drafted = self.candidates[running].nodes
+            else:
+                drafted = int(verdict.num_drafted.max()) if running != PLAIN else 0
+            timing = self._timing.setdefault(running, _Timing())
+            timing.draft_s += self._clocked["draft_s"] + (self.clock() - verified if running != PLAIN else 0.0)
+            timing.draft_predicted += self._draft_cost(running, self._budget)
+            timing.verify_s += verified - self._clocked["verify_from"]
+            timing.verify_predicted += self._verify_cost(running, drafted)
+            timing.steps += 1
+        self._clocked = {}
+        self._ran_last = running
         self.step += 1
-        self._decide()
+        # a plain step with nothing shadowed teaches nothing but its timing: re-decide every few such steps only (the
+        # decision costs a few tenths of a millisecond, a tenth of a plain step of the speech pair)
+        if learnt or self.step % self.PLAIN_DECIDE_EVERY == 0:
+            self._decide()
 
     def run_summary(self) -> dict:
         """The choice, every switch with the predictions behind it, and the steps each method ran."""
@@ -420,6 +589,19 @@ class AutoRule:
 
     def decision_probs(self, proposal, target_probs):
         return self._rule(proposal).decision_probs(proposal, target_probs)
+
+
+def nondecreasing(values: list[float], weights: list[float] | None = None) -> list[float]:
+    """The closest non-decreasing fit to `values` in weighted least squares (pool adjacent violators)."""
+    blocks: list[list] = []  # [mean, weight, count] of pooled runs
+    for value, weight in zip(values, weights if weights is not None else [1.0] * len(values)):
+        blocks.append([value, weight, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (mean_b, weight_b, count_b), (mean_a, weight_a, count_a) = blocks.pop(), blocks.pop()
+            pooled = weight_a + weight_b
+            mean = (mean_a * weight_a + mean_b * weight_b) / pooled if pooled else (mean_a + mean_b) / 2
+            blocks.append([mean, pooled, count_a + count_b])
+    return [mean for mean, _, count in blocks for _ in range(count)]
 
 
 def _matched(guess: list[int], truth: list[int]) -> int:

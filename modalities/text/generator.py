@@ -72,6 +72,14 @@ CODE_DRAFT_LENGTHS = {"ngram": 12, "draft": 8, "draft-lookup": 8, "eagle": 8, "p
 EXAMPLE_PROMPTS = {"gemma": "The old bridge over the river was", "code": "def fibonacci(n):\n"}
 
 
+# `auto`'s calibration runs each candidate from this besides the example prompt, so its priors are not one genre's: an
+# answer that repeats a passage, where prompt lookup drafts (from the example prompts alone, draft-lookup was priced
+# as its draft model alone). Not a bench prompt.
+CALIBRATION_PROMPTS = ("Notes: the cache keeps the last 128 entries. An entry older than ten minutes is dropped. A "
+                       "miss reads the disk.\nQuestion: How many entries does the cache keep, and when is an entry "
+                       "dropped?\nAnswer: The cache keeps the last",)
+
+
 def example_prompt(model: str | None) -> str:
     """A prompt to try the text model at `model` with (None: the default one), known without loading it: prose for
     Gemma 3 270M, Python for the code models and any other model."""
@@ -369,6 +377,10 @@ class TextGenerator(Generator):
     def example_prompt(self) -> str:
         """A prompt to try this model with (the CLI's and the demo's default)."""
         return example_prompt(self.model_path)
+
+    def calibration_prompts(self) -> list[str]:
+        """The prompts `auto`'s calibration measures each candidate's acceptance from."""
+        return [self.example_prompt, *CALIBRATION_PROMPTS]
 
     @property
     def default_method(self) -> str:

@@ -34,7 +34,8 @@ def test_text_auto_equals_plain_greedy_and_reports_its_choices(pair):
     report = auto.stats["auto"]
     assert report["initial"]["method"] in {"ar", "draft", "ngram", "draft-lookup", "sequoia", "dyspec", "eagle2"}
     assert sum(report["steps_by_method"].values()) == auto.stats["steps"]
-    assert {"ar", "draft", "ngram"} <= set(report["initial"]["predicted"])
+    offered = set(report["initial"]["predicted"])
+    assert {"ar", "ngram"} <= offered and "draft" not in offered  # draft-lookup subsumes the draft alone
 
 
 def test_text_auto_sampled_runs_and_num_samples(pair):
@@ -51,7 +52,11 @@ def test_calibration_is_cached_per_machine_and_model(pair, monkeypatch):
     path = calibration.cache_path(key)
     record = json.loads(path.read_text())
     assert record["key"]["threads"] == torch.get_num_threads() and record["key"]["torch"] == torch.__version__
-    assert {"1", "2", "17"} <= set(record["verify_s"]) and {"draft", "ngram"} <= set(record["draft_s"])
+    assert {"1", "2", "17"} <= set(record["verify_s"]) and {"draft-lookup", "ngram"} <= set(record["draft_s"])
+    # each candidate's calibration runs: acceptance by position (non-decreasing) and a measured speedup
+    profile = record["prior"]["draft-lookup"]["alpha_at"]
+    assert profile == sorted(profile) and all(0.0 <= a <= 1.0 for a in profile)
+    assert all(p["speedup"] > 0 for p in record["prior"].values()) and record["verify_per_slot_s"] >= 0.0
     assert {"cpu", "kernels", "model_hash"} <= set(record["key"])
 
     def refuse(*args, **kwargs):
@@ -73,6 +78,35 @@ def test_a_request_does_not_time_plain_decoding_again(pair, monkeypatch):
     assert len(calls) == 1
     generator.generate("def f(a):\n" * 4, method="ar", max_new_tokens=3)
     assert len(calls) == 2
+
+
+def test_calibration_race_keeps_the_candidates_near_the_fastest():
+    from specgen.modalities.auto import RACE_KEEP, raced
+    from specgen.samplers.auto import Candidate
+
+    cands = [Candidate("fast", None, None, (1,)), Candidate("close", None, None, (1,)),
+             Candidate("slow", None, None, (1,)), Candidate("look", None, None, (1,), shadow=True),
+             Candidate("new", None, None, (1,))]
+    priors = {"fast": {"speedup": 2.0}, "close": {"speedup": 2.0 * RACE_KEEP}, "slow": {"speedup": 1.2},
+              "look": {"speedup": 1.0}}
+    assert [c.name for c in raced(cands, priors)] == ["fast", "close", "look", "new"]
+    assert raced(cands, {}) == cands  # nothing measured: nothing left out
+
+
+def test_in_loop_costs_from_calibration_runs():
+    """Drafting that took longer in the loop than its timings predict raises the fixed part (the slope stays the
+    timings'); each verified slot's cost is the slope of the in-loop excess over T_verify(n) against n."""
+    from specgen.samplers.auto import Costs
+
+    costs = Costs({1: 1.0, 5: 2.0}, {"d": (0.1, 0.2)})
+    run = {"lengths": [4, 4], "draft_s": [1.5, 1.7]}
+    assert calibration._in_loop_fixed(costs, "d", run, per_token=0.2) == pytest.approx(1.6 - 0.8)
+    cheap = {"lengths": [4], "draft_s": [0.05]}  # a lookup hit: never below the timings
+    assert calibration._in_loop_fixed(costs, "d", cheap, per_token=0.2) == pytest.approx(0.1)
+    # excess 0.5 s at n = 1 and 0.9 s at n = 5 (two steps there): 0.1 s per slot
+    assert calibration._per_slot_s(costs, [(1, 1.5, 1), (5, 5.8, 2)]) == pytest.approx(0.1)
+    assert calibration._per_slot_s(costs, [(5, 5.8, 2)]) == 0.0  # one size says nothing about the slope
+    assert calibration._per_slot_s(costs, [(1, 1.5, 1), (5, 4.0, 2)]) == 0.0  # never negative
 
 
 def test_auto_candidates_knob(pair):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specgen.samplers.acceptance import ChainRejection, GreedyMatch, TreeRejection
-from specgen.samplers.auto import PLAIN, AutoDrafter, AutoPolicy, AutoRule, Candidate, Costs
+from specgen.samplers.auto import PLAIN, AutoDrafter, AutoPolicy, AutoRule, Candidate, Costs, nondecreasing
 from specgen.samplers.chisquare import goodness_of_fit
 from specgen.samplers.loop import generate
 from specgen.samplers.oracle import (chain_proposals, max_abs_diff, outcomes, target_joint, target_probs_for,
@@ -75,9 +75,14 @@ def test_cheap_verification_picks_the_length_of_the_formula():
     cand = candidates()[0]
     cand.lengths = tuple(range(1, 17))
     auto = AutoDrafter([cand], costs, prior_weight=1e9)  # the prior only: alpha 0.7 everywhere
+    auto.EXPLORE = 0.0
     auto.prime([torch.tensor(PROMPT)])
     speed = lambda g: (1 - 0.7 ** (g + 1)) / 0.3 / (0.01 * g + costs.verify(g + 1))
     assert auto.choice == ("cold", max(range(1, 17), key=speed))
+    # exploring, untested positions count as more likely accepted: the first length is longer, never shorter
+    exploring = AutoDrafter([cand], costs, prior_weight=1e9)
+    exploring.prime([torch.tensor(PROMPT)])
+    assert exploring.choice[1] > auto.choice[1]
 
 
 def test_auto_switches_away_from_a_drafter_that_is_rejected():
@@ -132,6 +137,109 @@ def test_hysteresis_keeps_the_choice_within_the_margin():
     auto.choice = ("a", 2)
     auto._decide()
     assert auto.choice == ("a", 2)
+
+
+def test_nondecreasing_fit_pools_adjacent_violators():
+    assert nondecreasing([0.8, 0.6, 0.9]) == pytest.approx([0.7, 0.7, 0.9])
+    assert nondecreasing([0.8, 0.6, 0.9], [3.0, 1.0, 1.0]) == pytest.approx([0.75, 0.75, 0.9])
+    assert nondecreasing([0.1, 0.2, 0.3]) == [0.1, 0.2, 0.3]
+
+
+def test_acceptance_by_position_follows_the_calibrated_profile():
+    """The calibration's acceptance by position (rising with depth) makes a long draft worth its cost where one
+    pooled alpha would keep it short; one rejection at a middle position lowers that position and its neighbours
+    together (the estimates stay non-decreasing) rather than walling the draft off there."""
+    costs = Costs({n: 1.0 + 0.1 * n for n in range(1, 18)}, {"a": (0.0, 0.05)})
+    flat = Candidate("a", None, None, tuple(range(1, 17)), prior_alpha=0.8)
+    rising = Candidate("a", None, None, tuple(range(1, 17)), prior_alpha=0.8,
+                       prior_alpha_at=(0.7, 0.8, 0.9, 0.95))
+    assert AutoDrafter([rising], costs).best_length("a")[0] > AutoDrafter([flat], costs).best_length("a")[0]
+    auto = AutoDrafter([rising], costs)
+    assert auto.alphas("a", 6) == pytest.approx([0.7, 0.8, 0.9, 0.95, 0.95, 0.95])
+    auto.estimates["a"].record(3, 2, True)  # positions 1-2 accepted, 3 rejected
+    alphas = auto.alphas("a", 6)
+    assert alphas == sorted(alphas) and alphas[2] > 0.6
+    assert alphas[2] < 0.9  # but lower than before
+
+
+def test_timed_steps_correct_the_calibrated_costs():
+    """With a clock, each candidate's drafting and verification are timed: a drafter whose proposals take far
+    longer than calibrated loses the choice to one that keeps to its calibration (the first step after a switch,
+    a catch-up, is not timed)."""
+    clock = [0.0]
+
+    class Slow:  # proposes as "cold" does, but each proposal takes 40 s of the fake clock
+        def __init__(self, inner):
+            self.inner = inner
+
+        def propose(self, ctx, budget):
+            clock[0] += 40.0
+            return self.inner.propose(ctx, budget)
+
+        def observe(self, verdict):
+            self.inner.observe(verdict)
+
+    greedy = Processing(temperature=0)
+    cands = candidates(greedy)[:2]
+    cands[0].drafter = Slow(cands[0].drafter)
+    cands[0].prior_alpha, cands[1].prior_alpha = 0.8, 0.7
+    costs = Costs({1: 1.0, 2: 1.15, 3: 1.3, 4: 1.45}, {"cold": (0.0, 0.05), "hot": (0.0, 0.05)})
+
+    def tick():
+        clock[0] += 1.0
+        return clock[0]
+
+    auto = AutoDrafter(cands, costs, clock=tick)
+    auto.prime([torch.tensor(PROMPT)])
+    assert auto.choice[0] == "cold"
+    result = generate(TableTarget(TARGET), auto, AutoRule(auto, GreedyMatch()), [torch.tensor(PROMPT)],
+                      processing=greedy, max_new_tokens=30, policy=AutoPolicy(auto))
+    timing = auto._timing["cold"]
+    assert timing.steps >= 1 and timing.draft_s > 10 * timing.draft_predicted
+    assert auto.choice[0] != "cold" and auto.steps_by_method.get("hot", 0) > 0, auto.timeline
+    plain = generate(TableTarget(TARGET), None, GreedyMatch(), [torch.tensor(PROMPT)], processing=greedy,
+                     max_new_tokens=30)
+    assert result.tokens == plain.tokens
+    untimed = AutoDrafter(candidates(greedy)[:2], costs)  # no clock: the calibration alone
+    assert untimed._timing == {} and untimed.step_cost("cold", 2) == pytest.approx(costs.draft("cold", 2)
+                                                                                   + costs.verify(3))
+
+
+def test_a_prompt_lookup_predicts_well_lifts_the_drafter_that_uses_lookup():
+    """Before the first step, a drafter whose slots prompt lookup fills (draft-lookup) takes, position by position,
+    the lookup's acceptance on this prompt in proportion to its hit rate where that is higher than its own prior,
+    and its drafting is priced for the share of slots lookup fills at no draft forward."""
+    costs = Costs({n: 1.0 + 0.1 * n for n in range(1, 18)}, {"dl": (0.1, 0.2), "look": (0.0, 0.0)})
+    dl = Candidate("dl", None, None, (1, 2, 3, 4), prior_alpha=0.5, prior_alpha_at=(0.5, 0.6), lookup_part="look")
+    look = Candidate("look", None, None, (1, 2, 3, 4), prior_alpha=0.9, shadow=True)
+    auto = AutoDrafter([dl, look], costs)
+    before = auto.step_cost("dl", 4)
+    for _ in range(20):  # lookup drafted and was right at every step of the prompt
+        auto.estimates["look"].record(4, 4, False)
+    auto._lift_by_lookup(dl)
+    hit = auto.hit_rate("look")
+    assert hit > 0.8 and dl.prior_alpha_at[0] > 0.8 and list(dl.prior_alpha_at) == sorted(dl.prior_alpha_at)
+    assert auto.step_cost("dl", 4) == pytest.approx(before - hit * 0.2 * 4)
+    unlifted = Candidate("dl", None, None, (1, 2, 3, 4), prior_alpha=0.95, prior_alpha_at=(0.95,), lookup_part="look")
+    hopeless = AutoDrafter([unlifted, Candidate("look", None, None, (1, 2), prior_alpha=0.1, shadow=True)], costs)
+    hopeless._lift_by_lookup(unlifted)
+    assert unlifted.prior_alpha_at[0] == 0.95  # never lowered
+
+
+def test_probes_skip_candidates_the_point_estimate_rules_out():
+    """An untried candidate is probed only while its point estimate is within the margin of the current choice:
+    optimism alone (alpha near 1 before any test) does not buy a probe step."""
+    costs = Costs({1: 1.0, 2: 1.1, 3: 1.2, 4: 1.3}, {"a": (0.0, 0.05), "b": (0.0, 0.05)})
+    a = Candidate("a", None, None, (1, 2, 3), prior_alpha=0.9)
+    far = Candidate("b", None, None, (1, 2, 3), prior_alpha=0.2)
+    auto = AutoDrafter([a, far], costs)
+    auto._decide(first=True)
+    assert auto.choice[0] == "a"
+    assert all(auto._probe() is None for _ in range(200))
+    near = Candidate("b", None, None, (1, 2, 3), prior_alpha=0.88)
+    auto = AutoDrafter([a, near], costs)
+    auto._decide(first=True)
+    assert any(auto._probe() is not None for _ in range(200))
 
 
 def test_shadowing_learns_a_lookup_drafters_acceptance_during_plain_steps():
