@@ -57,8 +57,7 @@ def candidate_names(generator, knobs: dict) -> list[str]:
     return [n for n in names if SUBSUMED.get(n) not in names]
 
 
-def _lengths(generator, spec, knobs: dict, policy) -> tuple[int, ...]:
-    default = max(int(policy.next_length()), 1)
+def _lengths(generator, spec, knobs: dict, default: int) -> tuple[int, ...]:
     if spec.rule == "tree" or not hasattr(generator, "auto_lengths"):
         fixed = spec.rule == "tree" or (spec.drafter or "").startswith(("jacobi-", "eagle", "poss"))
         return (default,) if fixed else chain_lengths(default, MAX_CHAIN)
@@ -68,8 +67,8 @@ def _lengths(generator, spec, knobs: dict, policy) -> tuple[int, ...]:
 def _factory(generator, spec, knobs: dict, request_processing: Processing, engine):
     """A function building a fresh Candidate for `spec` under the request's processing (or another one)."""
     policy = generator.policy(spec, knobs)
-    lengths = _lengths(generator, spec, knobs, policy)
-    default = max(int(policy.next_length()), 1)
+    default = max(int(policy.next_length()), 1)  # the method's own draft length
+    lengths = _lengths(generator, spec, knobs, default)
 
     def build(processing: Processing = request_processing) -> Candidate:
         drafter = make_drafter(generator, spec, knobs, processing, policy, engine)
