@@ -116,6 +116,10 @@ class ModelDrafter:
         unfed: list[torch.Tensor] = []  # drafted tokens not yet in the draft's cache
         fed = 0
         last = None
+        # the draft's uniforms for every slot it may draw, in one call: counter-based, so each is the value a call
+        # per slot would give (a call costs ~0.13 ms, a tenth of a small draft's whole step)
+        uniforms = None if self.processing.greedy else counter_uniform(
+            ctx.seed, ctx.sample_ids[:, None], positions[:, None] + torch.arange(budget), Purpose.DRAFT)  # [rows, k]
         if not (defer and all(row_index >= 0 for row_index in fills)):
             last, backlog = self._feed(rows, backlog, torch.zeros(len(rows), 0, dtype=torch.long), positions), None
         for d in range(budget):
@@ -134,7 +138,7 @@ class ModelDrafter:
             if self.processing.greedy:
                 index = law.argmax(-1)
             else:
-                index = sample_categorical(law, counter_uniform(ctx.seed, ctx.sample_ids, positions + d, Purpose.DRAFT))
+                index = sample_categorical(law, uniforms[:, d])
             if self.keep_runners_up:
                 runners_up.append(_runners_up(plain, index))
             token = index if self.vocab_ids is None else self.vocab_ids[index]

@@ -125,7 +125,9 @@ def test_image_auto_equals_plain_greedy(tmp_path):
     plain = generator.generate("red K on blue", method="ar", temperature=0, num_samples=2)
     auto = generator.generate("red K on blue", temperature=0, num_samples=2)
     assert auto.tokens == plain.tokens and auto.stats["method"] == "auto"
-    assert {"sjd", "mc-sjd"} <= set(auto.stats["auto"]["initial"]["predicted"])
+    # which Jacobi variants are offered depends on their measured calibration speeds (the race): at least one is
+    offered = set(auto.stats["auto"]["initial"]["predicted"]) - {"ar"}
+    assert offered and offered <= {"sjd", "mc-sjd", "gumbel-sjd"}
 
 
 def test_speech_auto_equals_plain_greedy(tmp_path):
