@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -77,9 +79,12 @@ def load(key: dict) -> dict | None:
 def save(record: dict) -> Path:
     path = cache_path(record["key"])
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)
+    # a name of its own per writer: two processes calibrating the same model (two servers, two test workers on one
+    # cache) each replace the record whole, never write into the other's half-written file
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(handle, "w") as out:
+        out.write(json.dumps(record, indent=1))
+    os.replace(tmp, path)
     return path
 
 
