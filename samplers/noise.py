@@ -81,6 +81,12 @@ def chain_noise(seed: int, sample_ids: torch.Tensor, start: torch.Tensor, k: int
     return accept, emit
 
 
+def draft_uniforms(seed: int, sample_ids: torch.Tensor, first: torch.Tensor, k: int) -> torch.Tensor:
+    """[batch, k] the draft's own uniforms for slots at absolute positions first .. first + k - 1, in one call (the
+    values a call per slot would give: a call costs ~0.13 ms, a tenth of a small draft model's whole step)."""
+    return counter_uniform(seed, sample_ids[:, None], first[:, None] + torch.arange(k), Purpose.DRAFT)
+
+
 def tree_noise(seed: int, sample_ids: torch.Tensor, start: torch.Tensor, depths: torch.Tensor,
                sibling_rank: torch.Tensor):
     """Per-node noise: node n is tested at position start + depth[n] in lane = its rank among its siblings

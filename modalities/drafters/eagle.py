@@ -36,7 +36,7 @@ from specgen.modalities.drafters.trained_files import file_stamp, target_sha256
 from specgen.modalities.image.eagle_head.head import FC_FILE, EagleHead
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget
 from specgen.samplers.length_policies import ChainStops
-from specgen.samplers.noise import Purpose, counter_uniform
+from specgen.samplers.noise import draft_uniforms
 from specgen.samplers.processing import Processing
 from specgen.samplers.types import DecodeContext, Draft
 
@@ -319,6 +319,7 @@ class EagleDrafter:
         true_lengths = {0: self.engines[0].cache.lengths[rows].clone()}  # per specialist used in this step
         drafted, laws, confidence, pairs = [], [], [], []
         stops = ChainStops(self.stop_policy, len(rows), budget)  # rows that stop keep drafting; they are cut after
+        uniforms = None if self.processing.greedy else draft_uniforms(ctx.seed, ctx.sample_ids, positions, budget)
         try:
             for d in range(budget):
                 logits = self._logits(features)
@@ -330,8 +331,7 @@ class EagleDrafter:
                 if self.processing.greedy:
                     index = law.argmax(-1)
                 else:
-                    index = sample_categorical(law, counter_uniform(ctx.seed, ctx.sample_ids, positions + d,
-                                                                    Purpose.DRAFT))
+                    index = sample_categorical(law, uniforms[:, d])
                 token = index if self.vocab_ids is None else self.vocab_ids[index]
                 drafted.append(token)
                 laws.append(law)

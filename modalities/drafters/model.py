@@ -16,7 +16,7 @@ from specgen.errors import InvalidRequest, VocabularyMismatch
 from specgen.kernels import sample_categorical
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget
 from specgen.samplers.length_policies import ChainStops
-from specgen.samplers.noise import Purpose, counter_uniform
+from specgen.samplers.noise import draft_uniforms
 from specgen.samplers.processing import Processing, prefix_routes
 from specgen.samplers.types import DecodeContext, Draft, Verdict
 
@@ -116,10 +116,7 @@ class ModelDrafter:
         unfed: list[torch.Tensor] = []  # drafted tokens not yet in the draft's cache
         fed = 0
         last = None
-        # the draft's uniforms for every slot it may draw, in one call: counter-based, so each is the value a call
-        # per slot would give (a call costs ~0.13 ms, a tenth of a small draft's whole step)
-        uniforms = None if self.processing.greedy else counter_uniform(
-            ctx.seed, ctx.sample_ids[:, None], positions[:, None] + torch.arange(budget), Purpose.DRAFT)  # [rows, k]
+        uniforms = None if self.processing.greedy else draft_uniforms(ctx.seed, ctx.sample_ids, positions, budget)
         if not (defer and all(row_index >= 0 for row_index in fills)):
             last, backlog = self._feed(rows, backlog, torch.zeros(len(rows), 0, dtype=torch.long), positions), None
         for d in range(budget):
