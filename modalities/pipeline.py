@@ -179,6 +179,14 @@ def make_drafter(generator: Generator, spec: MethodSpec, knobs: dict, processing
         from specgen.modalities.drafters.poss import build_drafter as build_poss
 
         return build_poss(generator, knobs, processing, policy, engine)
+    if spec.drafter == "mtp":
+        from specgen.modalities.drafters.mtp import build_drafter as build_mtp
+
+        return build_mtp(generator, knobs, processing, policy, engine)
+    if spec.drafter == "tree-eagle2" and knobs.get("head", "model") != "model":  # EAGLE-2's tree over a feature head
+        from specgen.modalities.drafters.head_tree import build_drafter as build_head_tree
+
+        return build_head_tree(generator, knobs, processing, policy, engine)
     return generator.drafter(spec, knobs, processing, policy, engine)
 
 
@@ -192,6 +200,8 @@ def servable(generator: Generator, spec: MethodSpec) -> bool:
         from specgen.modalities.drafters.eagle import find_head as find
     elif spec.drafter == "poss":
         from specgen.modalities.drafters.poss import find_poss as find
+    elif spec.drafter == "mtp":
+        from specgen.modalities.drafters.mtp import find_mtp as find
     else:
         return True
     try:

@@ -242,14 +242,22 @@ register(MethodSpec("dyspec", "text", True,
                                 "underrates its first choice)", 0.01, 10.0),
                            Knob("per_round", int, 0, "most nodes added per draft forward past a node whose law is "
                                 "still unknown (1: exact best-first; 0: one per 16 nodes of the budget)", 0, 256))))
+# a feature head's output rows (eagle, poss, mtp; eagle2 over a head)
+OUTPUT_ROWS = Knob("output_rows", int, 0, "a head with a reduced vocabulary drafts over its this many most frequent "
+                   "tokens and the prompt's (0: all it kept)", 0, 1 << 20)
 register(MethodSpec("eagle2", "text", True,
-                    "EAGLE-2's dynamic tree from a draft model: top-k expansion per depth, global re-ranking to the "
-                    "node budget; candidates verified by the deterministic tree rule (as EAGLE does)",
+                    "EAGLE-2's dynamic tree from a draft model or a feature head (`head`): top-k expansion per depth, "
+                    "global re-ranking to the node budget; candidates verified by the deterministic tree rule (as "
+                    "EAGLE does)",
                     drafter="tree-eagle2", rule="tree", paper="Li et al. 2024, EAGLE-2 (arXiv 2406.16858)",
                     # not `top_k`: that name is the sampling option of every request, so the knob could not be passed
                     knobs=(TREE_BUDGET, Knob("expand_top_k", int, 4, "candidates per expanded node and frontier width "
                                              "(EAGLE-2's top-k)", 1, 32),
-                           Knob("depth", int, 5, "expansion rounds (deepest node)", 1, 32))))
+                           Knob("depth", int, 5, "expansion rounds (deepest node)", 1, 32),
+                           OUTPUT_ROWS,
+                           ChoiceKnob("head", str, "model", "the drafter that grows the tree: 'model' (the draft "
+                                      "model), 'eagle' (the target's EAGLE head) or 'mtp' (its FastMTP module)",
+                                      choices=("model", "eagle", "mtp")))))
 register(MethodSpec("svip", "text", True,
                     "a draft model proposes a chain and stops drafting where its entropy predicts rejection "
                     "(sqrt(0.15 H) > threshold); exact rejection sampling (greedy match at temperature 0)",
@@ -328,8 +336,6 @@ register(MethodSpec("kangaroo", "text", True,
 # EAGLE for text (modalities/drafters/eagle.py, docs/eagle.md): a one-layer head over the target's own features;
 # served only where a head was trained for the target (`specgen train head --method eagle`). Registered after
 # kangaroo for the same reason (the demo's positional API).
-OUTPUT_ROWS = Knob("output_rows", int, 0, "a head with a reduced vocabulary drafts over its this many most frequent "
-                   "tokens and the prompt's (0: all it kept)", 0, 1 << 20)
 register(MethodSpec("eagle", "text", True,
                     "EAGLE: a one-layer head over the target's own last hidden states (kept while it verifies) and "
                     "the next token's embedding predicts the target's next feature; the target's output rows (a "
@@ -345,6 +351,20 @@ register(MethodSpec("poss", "text", True,
                     "the deviated features it reads there; exact rejection sampling (greedy match at temperature 0)",
                     drafter="poss", rule="chain", paper="Huang et al. 2025, PosS (arXiv 2506.03566)",
                     knobs=(NUM_DRAFT_TOKENS, LENGTH_SCHEDULE, OUTPUT_ROWS, *TETRIS_KNOBS)))
+# FastMTP (modalities/drafters/mtp.py): one MTP module for every depth, trained recursively on self-distilled data
+register(MethodSpec("mtp", "text", True,
+                    "FastMTP: one multi-token-prediction module (normed token embedding and hidden state, one "
+                    "decoder layer), its weights shared by every drafted position and applied recursively, trained "
+                    "on the target's own continuations; the draft's output rows are the most frequent tokens of the "
+                    "prompt's kind of text (code or prose) and the prompt's own; exact rejection sampling (greedy "
+                    "match at temperature 0)",
+                    drafter="mtp", rule="chain", paper="Cai et al. 2025, FastMTP (arXiv 2509.18362)",
+                    knobs=(NUM_DRAFT_TOKENS, LENGTH_SCHEDULE, OUTPUT_ROWS,
+                           ChoiceKnob("vocabulary", str, "kind", "which list output_rows reads: 'kind' (the one of "
+                                      "the prompt's kind of text, code or prose: FastMTP's language-aware "
+                                      "compression), 'global' (all training text's), or 'full' (every row of the "
+                                      "target's output layer, no compression)", choices=("kind", "global", "full")),
+                           *TETRIS_KNOBS)))
 
 
 # ---- image and video --------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""Helpers shared by the feature drafters' tests (test_eagle_text.py, test_poss.py): a head fitted for a few seconds
-to a tiny target's features, the draft's law computed the reference way, the largest gap between a run's
-reported draft laws and that reference, and the exact-enumeration oracle over the head's chains."""
+"""Helpers shared by the feature drafters' tests (test_eagle_text.py, test_poss.py, test_mtp.py, test_head_tree.py): a
+head fitted for a few seconds to a tiny target's features, the draft's law computed the reference way, the largest
+gap between a run's reported draft laws and that reference, and the exact-enumeration oracle over the head's
+chains."""
 
 import torch
 
@@ -13,11 +14,19 @@ from specgen.samplers.processing import Processing
 PROMPT = "abc abc abc (x"
 
 
-def fitted_head(model, folder, vocab_ids=None, seed=3, steps=100):
+def fitted_head(model, folder, vocab_ids=None, seed=3, steps=100, mtp=False, kinds=None):
     """A head fitted for a few seconds to the target's features on random text (so drafts are often accepted and
-    the sampled test exercises acceptance), saved where the target's heads are looked up."""
+    the sampled test exercises acceptance), saved where the target's heads are looked up; `mtp`: a FastMTP module
+    (its input norms started away from 1, so a drafter that drops them drafts another law) saved in folder/mtp
+    with per-kind vocabularies `kinds`."""
+    from specgen.modalities.drafters.mtp import MtpHead, load_mtp
+
     torch.manual_seed(seed)
-    head = TextEagleHead.for_target(model, intermediate_size=48, heads=4, kv_heads=1)
+    head = (MtpHead if mtp else TextEagleHead).for_target(model, intermediate_size=48, heads=4, kv_heads=1)
+    if mtp:
+        with torch.no_grad():
+            head.embed_norm.weight.uniform_(0.3, 2.0)
+            head.feature_norm.weight.uniform_(0.3, 2.0)
     ids = torch.randint(2, model.config.vocab_size, (128, 16))
     with torch.no_grad():
         features = model.model(input_ids=ids).last_hidden_state
@@ -36,7 +45,11 @@ def fitted_head(model, folder, vocab_ids=None, seed=3, steps=100):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    head.save(folder / "eagle", str(folder), vocab_ids, {"target": str(folder), "after": {"alpha": 0.5}})
+    record = {"target": str(folder), "after": {"alpha": 0.5}}
+    if mtp:
+        head.save(folder / "mtp", str(folder), vocab_ids, record, kinds)
+        return load_mtp(folder / "mtp")[:2]
+    head.save(folder / "eagle", str(folder), vocab_ids, record)
     return load_head(folder / "eagle")
 
 

@@ -112,20 +112,22 @@ def _adapter_options(p: argparse.ArgumentParser) -> None:
 def _head_options(p: argparse.ArgumentParser) -> None:
     from dataclasses import fields
 
-    from specgen.modalities.text.training.eagle_config import EagleConfig
+    from specgen.modalities.text.training.eagle_config import EagleConfig, yes_no
 
     p.description = ("Train a draft head that reads the target's own features (EAGLE: one decoder layer over the "
                      "token embedding and the target's last hidden state), on the target's features over its own "
                      "greedy continuations and corpus text; resumable. docs/eagle.md")
-    p.add_argument("--method", choices=("eagle", "poss"), required=True,
-                   help="the feature drafter: an EAGLE head, or PosS position specialists over one (--base)")
+    p.add_argument("--method", choices=("eagle", "poss", "mtp"), required=True,
+                   help="the feature drafter: an EAGLE head, PosS position specialists over one (--base), or "
+                        "FastMTP's module (its own defaults: eagle_config.MTP_DEFAULTS)")
     p.add_argument("--export", type=Path, metavar="DIR",
                    help="where the head and its card go (default: OUT/export; the shipped ones are assets/code/eagle "
                         "and assets/gemma/eagle)")
     for field in fields(EagleConfig):
         if field.name not in ("run_dir", "out", "seed", "steps", "threads", "checkpoint_minutes", "method"):
             default = field.default
-            p.add_argument(f"--{field.name.replace('_', '-')}", type=type(default), metavar=field.name.upper(),
+            p.add_argument(f"--{field.name.replace('_', '-')}", type=yes_no if isinstance(default, bool) else
+                           type(default), metavar=field.name.upper(),
                            help=f"default: {default}" if default != "" else "default: the target's own")
 
 
@@ -189,15 +191,15 @@ def _train_adapter(args: argparse.Namespace) -> int:
 
 
 def _train_head(args: argparse.Namespace) -> int:
-    """`train head --method eagle|poss` (modalities/text/training/eagle.py)."""
+    """`train head --method eagle|poss|mtp` (modalities/text/training/eagle.py)."""
     from dataclasses import fields
 
     from specgen.modalities.text.training.eagle import train_eagle
-    from specgen.modalities.text.training.eagle_config import EagleConfig
+    from specgen.modalities.text.training.eagle_config import EagleConfig, config_for
 
-    options = _given(args, *(f.name for f in fields(EagleConfig) if f.name not in ("run_dir", "out")))
+    options = _given(args, *(f.name for f in fields(EagleConfig) if f.name not in ("run_dir", "out", "method")))
     out = args.out or Path("runs") / args.method
-    cfg = EagleConfig(run_dir=str(out), out=str(args.export or out / "export"), **options)
+    cfg = config_for(args.method, run_dir=str(out), out=str(args.export or out / "export"), **options)
     return _report(train_eagle(cfg), "target", "params", "output_rows", "steps", "before", "after", "train_s",
                    "data_s")
 

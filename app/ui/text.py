@@ -99,7 +99,7 @@ def text_knobs() -> list:
     # their order for existing clients
     batch = {knob.name for knob in registry.TETRIS_KNOBS}
     auto = {knob.name for knob in registry.AUTO_KNOBS}  # auto's came later still: after TETRIS's
-    later = {"output_rows"}  # eagle's, later again
+    later = {"output_rows", "head", "vocabulary"}  # eagle's, later again; then eagle2's head and mtp's vocabulary
     return ([k for k in knobs if k.name not in batch | auto | later] + [k for k in knobs if k.name in batch]
             + [k for k in knobs if k.name in auto] + [k for k in knobs if k.name in later])
 

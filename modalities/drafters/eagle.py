@@ -44,6 +44,12 @@ RECORD_FILE = "eagle.json"  # the training summary and the target's identity
 VOCAB_FILE = "vocab_ids.json"  # target ids of the kept output rows (absent: the whole vocabulary)
 
 
+def unit_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / RMS(x) over the last dimension (an RMSNorm without its weight), in float32 (one fused op: a drafted
+    token takes two)."""
+    return F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
+
+
 class TextEagleHead(EagleHead):
     """`EagleHead` (fc over [embedding; feature] and one Llama decoder layer) sized for a text target: `heads`
     attention heads over the target's width with `kv_heads` key/value heads, a plain rotary embedding."""
@@ -182,14 +188,16 @@ class EagleDrafter:
 
     def __init__(self, target_model, target: TransformersTarget, head, processing: Processing, *,
                  vocab_ids: torch.Tensor | None = None, capacity: int | None = None, output_rows: int = 0,
-                 stop_policy=None):
+                 stop_policy=None, vocab_kinds: dict[str, torch.Tensor] | None = None):
         """output_rows > 0 (a head with a kept vocabulary, which lists its tokens most frequent first): the draft's
         output rows are the first `output_rows` of them and every token of the request's context (FastMTP's
         per-request vocabulary, in its simplest form: what the prompt may make the target copy stays proposable),
-        chosen at the first proposal. stop_policy: a token-wise length rule (`length_schedule` svip or kangaroo:
-        `stop(law, previous_law, index)`, asked before each drafted token after the first, on the head's
-        temperature-1 laws), as for a draft model."""
-        method = "poss" if hasattr(head, "specialists") else "eagle"
+        chosen at the first proposal; with `vocab_kinds` (FastMTP's per-language lists, modalities/drafters/mtp.py)
+        the first `output_rows` of the kind that covers most of the context. stop_policy: a token-wise length rule
+        (`length_schedule` svip or kangaroo: `stop(law, previous_law, index)`, asked before each drafted token after
+        the first, on the head's temperature-1 laws), as for a draft model. A FastMTP module (`input_norms`) has its
+        two RMSNorms' weights folded into fc's columns here and the unit RMS taken in `_pairs`."""
+        method = "poss" if hasattr(head, "specialists") else "mtp" if hasattr(head, "input_norms") else "eagle"
         if target.runner is None:
             raise InvalidRequest(f"method '{method}' needs a Llama or Gemma 3 target (its features come from our "
                                  "runner)")
@@ -201,6 +209,11 @@ class EagleDrafter:
         fc = getattr(head, "base", head).fc.weight.detach().float()  # PosS shares its base head's fc
         dim = fc.shape[0]
         self.token_fc, self.feature_fc = fc[:, :dim].contiguous(), fc[:, dim:].contiguous()
+        self.norm_eps = None  # FastMTP's input norms: their weights folded into fc's columns, the unit RMS in _pairs
+        if hasattr(head, "input_norms"):
+            embed_weight, feature_weight, self.norm_eps = head.input_norms()
+            self.token_fc, self.feature_fc = self.token_fc * embed_weight, self.feature_fc * feature_weight
+        self.vocab_kinds, self.kind = vocab_kinds or {}, None
         self.vocab_ids = None if vocab_ids is None else torch.as_tensor(vocab_ids, dtype=torch.long)
         self.output_rows = output_rows if self.vocab_ids is not None and output_rows < len(self.vocab_ids) else 0
         self.target_model = target_model
@@ -218,7 +231,10 @@ class EagleDrafter:
 
     def _pairs(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """fc([embed(tokens); features]): tokens [...], features [..., d] -> [..., d]."""
-        return F.linear(self.embed(tokens).float(), self.token_fc) + F.linear(features.float(), self.feature_fc)
+        embeddings, features = self.embed(tokens).float(), features.float()
+        if self.norm_eps is not None:
+            embeddings, features = unit_rms(embeddings, self.norm_eps), unit_rms(features, self.norm_eps)
+        return F.linear(embeddings, self.token_fc) + F.linear(features, self.feature_fc)
 
     def _logits(self, features: torch.Tensor) -> torch.Tensor:
         logits = self.out(features).float()  # [rows, kept]
@@ -304,17 +320,29 @@ class EagleDrafter:
     def _request_rows(self, ctx: DecodeContext) -> None:
         """The per-request output rows (`output_rows`): the most frequent kept tokens and the context's."""
         context = torch.cat([t.long() for t in ctx.tokens])
-        self.vocab_ids = torch.unique(torch.cat([self.vocab_ids[:self.output_rows], context]))  # sorted target ids
+        ranked = self.vocab_ids
+        if self.vocab_kinds:
+            from specgen.modalities.drafters.mtp import choose_kind
+
+            self.kind = choose_kind(self.vocab_kinds, context, self.output_rows)
+            ranked = self.vocab_kinds[self.kind]
+        self.vocab_ids = torch.unique(torch.cat([ranked[:self.output_rows], context]))  # sorted target ids
         self.out = output_layer(self.target_model, self.vocab_ids, keep=False)
 
-    def propose(self, ctx: DecodeContext, budget: int) -> Draft:
+    def begin(self, ctx: DecodeContext) -> torch.Tensor:
+        """A step's start: the request's output rows (first step), caches for every row, the first specialist
+        caught up. Returns [rows, d] the pending token's predicted feature (its law: `_logits`)."""
         rows = ctx.rows
         if self.out is None:
             self._request_rows(ctx)
         if not self.cached or len(self.cached[0]) <= int(rows.max()):
             self._reset(max(int(rows.max()) + 1, len(self.cached[0]) if self.cached else 0))
         self._step_contexts, self._step_pairs = {}, {}  # per row of this step, shared by the specialists
-        features = self._catch_up(ctx)  # [rows, d]: the pending token's predicted feature
+        return self._catch_up(ctx)
+
+    def propose(self, ctx: DecodeContext, budget: int) -> Draft:
+        rows = ctx.rows
+        features = self.begin(ctx)  # [rows, d]: the pending token's predicted feature
         positions = ctx.next_positions  # [rows] where the first drafted token goes
         true_lengths = {0: self.engines[0].cache.lengths[rows].clone()}  # per specialist used in this step
         drafted, laws, confidence, pairs = [], [], [], []
@@ -360,7 +388,8 @@ class EagleDrafter:
 
     def run_summary(self) -> dict:
         return {"head_forwards": self.forward_calls,
-                "output_rows": None if self.vocab_ids is None else len(self.vocab_ids)}
+                "output_rows": None if self.vocab_ids is None else len(self.vocab_ids),
+                **({"vocabulary": self.kind} if self.kind else {})}
 
 
 def build_drafter(generator, knobs: dict, processing: Processing, policy, engine, loaded=None) -> EagleDrafter:

@@ -39,7 +39,7 @@ DRAFT_LENGTH = 3
 # With the shipped draft model: the lengths the cost model picks from the measured T_verify(n), T_draft and α,
 # which the sweep confirms as the fastest (benchmarks/draft-length-gemma.md, git show
 # 7894ea9:benchmarks/draft-length-gemma.md; again with the compiled layer glue, benchmarks/draft-length-gemma-latest.md).
-MODEL_DRAFT_LENGTHS = {"draft": 2, "draft-lookup": 2, "eagle": 2, "poss": 2, "parallel": 2}
+MODEL_DRAFT_LENGTHS = {"draft": 2, "draft-lookup": 2, "eagle": 2, "poss": 2, "mtp": 2, "parallel": 2}
 # The EAGLE head's output rows: its 4,096 most frequent kept tokens (and the prompt's) agree with Gemma's greedy
 # token as often as all 16,384 on held-out windows, at a quarter of the output layer's bytes (docs/eagle.md)
 EAGLE_OUTPUT_ROWS = 4096

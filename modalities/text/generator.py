@@ -66,7 +66,7 @@ def default_method(model: str | None, draft: str | None) -> str:
 # 5fa71d4:benchmarks/draft-length-code-20261202T1506Z.md).
 # Verifying 13 tokens costs this small target about twice a plain step, so long drafts pay; Gemma's output layer
 # makes them cost more there.
-CODE_DRAFT_LENGTHS = {"ngram": 12, "draft": 8, "draft-lookup": 8, "eagle": 8, "poss": 8, "parallel": 8}
+CODE_DRAFT_LENGTHS = {"ngram": 12, "draft": 8, "draft-lookup": 8, "eagle": 8, "poss": 8, "mtp": 8, "parallel": 8}
 
 
 EXAMPLE_PROMPTS = {"gemma": "The old bridge over the river was", "code": "def fibonacci(n):\n"}
@@ -96,7 +96,8 @@ def knob_defaults(model: str | None, spec) -> dict:
         preferred = {"num_draft_tokens": gemma.MODEL_DRAFT_LENGTHS.get(spec.name, gemma.DRAFT_LENGTH)}
         if spec.name in ("stand", "rest", "dresd", "consensus"):  # every verified slot costs Gemma's 262k-token
             preferred["tree_budget"] = 4  # output layer: small model-free trees (docs/model_free.md)
-        if spec.name in ("eagle", "poss"):  # 4,096 of the head's 16,384 rows agree with Gemma as often (docs/eagle.md)
+        # 4,096 of the head's 16,384 rows agree with Gemma as often (docs/eagle.md); eagle2 reads them with a head
+        if spec.name in ("eagle", "poss", "mtp", "eagle2"):
             preferred["output_rows"] = gemma.EAGLE_OUTPUT_ROWS
         return preferred
     if spec.name in CODE_DRAFT_LENGTHS and _is_shipped_code_target(model):
@@ -268,7 +269,7 @@ class TextGenerator(Generator):
         knob, window = memory.window_of(spec, knobs)
         kind = spec.drafter or ""
         draft = None
-        if kind in ("model", "model-lookup") or kind.startswith("tree-"):
+        if kind in ("model", "model-lookup") or (kind.startswith("tree-") and knobs.get("head", "model") == "model"):
             draft = memory.ModelShape.of(self.draft_model)  # loaded now, so the resident set counts its weights
         target = memory.ModelShape.of(self.model, self.capacity(spec, knobs, prompt_ids, max_new_tokens))
         context = max(len(p) for p in prompt_ids) + max_new_tokens

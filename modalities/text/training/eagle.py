@@ -1,5 +1,6 @@
-"""`specgen train head --method eagle|poss`: the text EAGLE head (modalities/drafters/eagle.py) or PosS position
-specialists over one (modalities/drafters/poss.py), trained on the frozen target's own features, resumably.
+"""`specgen train head --method eagle|poss|mtp`: the text EAGLE head (modalities/drafters/eagle.py), PosS position
+specialists over one (modalities/drafters/poss.py) or FastMTP's module (modalities/drafters/mtp.py), trained on the
+frozen target's own features, resumably.
 
 Data (`windows` windows of `window_len` tokens; the target's forward over each gives its final-normed hidden state
 at every position, the feature the head reads and predicts):
@@ -25,6 +26,11 @@ PosS (`--method poss`): the EAGLE head `base` (default: the target's) stays froz
 position d read by specialist min(d, specialists) - 1. A run may reuse an EAGLE run's `features/` and `windows/`
 (the same settings give the same windows).
 
+FastMTP (`--method mtp`, eagle_config.MTP_DEFAULTS): the module with its two input norms, the law term alone on half
+the positions, three recursive depths weighted 0.6 ** (d - 1), no input noise, and for Gemma sampled docstring
+continuations in place of real docstrings (every continuation the target's own); with `vocab_size` a kept list per
+kind of text (code, prose) beside the union the loss reads.
+
 Run folder: `features/` (chunk files, resumable), `run.json`, `checkpoint.pt` (every checkpoint_minutes),
 `metrics.jsonl`, `training.json`; the head is exported into `out` (default run_dir/export) with its `vocab_ids.json`
 and a model card.
@@ -44,7 +50,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specgen.modalities.text.training.eagle_config import EagleConfig
+from specgen.modalities.text.training.eagle_config import EagleConfig, config_for
 from specgen.modalities.training import RunFolder, apply_gradients, cosine_lr, progress_bar, set_lr
 from specgen.settings import use_threads
 
@@ -112,17 +118,20 @@ def windows_of(cfg: EagleConfig, model, tokenizer, split: str, count: int, cache
     cache.mkdir(parents=True, exist_ok=True)
     new_tokens = cfg.window_len - cfg.prompt_len
 
-    def continued(stream, n, tag):
+    def continued(stream, n, tag, temperature=0.0):
         prompts = window_data.corpus_windows(stream, n, cfg.prompt_len, new_tokens, seed)
-        return window_data.target_windows(model, prompts, new_tokens, 0.0, seed, cache / f"greedy-{tag}-{split}-{n}"
-                                          ).tokens
+        name = f"{'greedy' if not temperature else f't{temperature}'}-{tag}-{split}-{n}"
+        return window_data.target_windows(model, prompts, new_tokens, temperature, seed, cache / name).tokens
 
     max_files = cfg.max_files or None
     if not is_gemma(model):
         return continued(window_data.corpus_stream(tokenizer, split, max_files, cache), count, "code")
     third = count // 3
     docs = docstring_stream(tokenizer, split, cache, max_files)
-    prose = window_data.corpus_windows(docs, count - 2 * third, cfg.window_len, 0, seed).tokens
+    if cfg.sampled_prose:
+        prose = continued(docs, count - 2 * third, "prose", temperature=1.0)
+    else:
+        prose = window_data.corpus_windows(docs, count - 2 * third, cfg.window_len, 0, seed).tokens
     if split == "train":
         from specgen.modalities.assets import assets_dir
 
@@ -193,12 +202,19 @@ class EagleTask:
         self.eval_ids = torch.cat([b["ids"] for b in blobs["val"]]).long()
         self.eval_features = torch.cat([b["features"] for b in blobs["val"]])
         torch.manual_seed(cfg.seed)
+        self.kinds = None  # mtp: {kind of text: its kept ids, most frequent first}
         if cfg.method == "poss":
             self.head, self.vocab_ids, self.base_folder = poss_head(cfg, self.folder)
         else:
+            from specgen.modalities.drafters.mtp import MtpHead
+
             self.vocab_ids = kept_vocabulary(self.model, self.tokenizer, self.ids, cfg.vocab_size)
-            self.head = TextEagleHead.for_target(self.model, intermediate_size=cfg.intermediate_size,
-                                                 heads=cfg.heads, kv_heads=cfg.kv_heads)
+            if cfg.method == "mtp" and cfg.vocab_size and is_gemma(self.model):
+                third = cfg.windows // 3  # windows_of: code, then prose
+                self.kinds = {kind: kept_vocabulary(self.model, self.tokenizer, ids, cfg.vocab_size)
+                              for kind, ids in (("code", self.ids[:third]), ("prose", self.ids[third:]))}
+            self.head = (MtpHead if cfg.method == "mtp" else TextEagleHead).for_target(
+                self.model, intermediate_size=cfg.intermediate_size, heads=cfg.heads, kv_heads=cfg.kv_heads)
         self.rows = output_rows(self.model, self.vocab_ids)  # [kept, d]
         self.unroll = max(cfg.unroll, cfg.specialists if cfg.method == "poss" else 1)
         say(f"data: {len(self.ids)} windows x {self.ids.shape[1]} tokens, {len(self.eval_ids)} held out "
@@ -258,6 +274,12 @@ class EagleTask:
         return result
 
 
+def depth_weights(cfg: EagleConfig, depths: int) -> list[float]:
+    """Each unrolled depth's share of the loss: depth_decay ** (d - 1), normalised (1: equal shares)."""
+    weights = [cfg.depth_decay ** d for d in range(depths)]
+    return [w / sum(weights) for w in weights]
+
+
 def poss_head(cfg: EagleConfig, target_folder):
     """(PossHead over the frozen EAGLE head `cfg.base` or the target's, its kept ids, its folder)."""
     from specgen.modalities.drafters.eagle import TextEagleHead, VOCAB_FILE, find_head
@@ -293,7 +315,8 @@ def train_eagle(cfg: EagleConfig, say=print) -> dict:
         rows = torch.randint(len(task.ids), (cfg.batch_size,), generator=generator)
         set_lr(optimizer, cosine_lr(step, cfg.steps, cfg.lr, cfg.warmup, floor=0.0))
         depths = task.loss(task.ids[rows], task.features[rows], cfg.noise, cfg.law_share, generator, task.unroll)
-        loss = sum(cfg.feature_weight * feature + cfg.law_weight * law for feature, law, _, _ in depths) / len(depths)
+        loss = sum(weight * (cfg.feature_weight * feature + cfg.law_weight * law)
+                   for weight, (feature, law, _, _) in zip(depth_weights(cfg, len(depths)), depths))
         feature, law, acceptance, agreement = depths[0]
         apply_gradients(loss, optimizer, trained)
         state["step"] = step + 1
@@ -306,7 +329,7 @@ def train_eagle(cfg: EagleConfig, say=print) -> dict:
             say(json.dumps(record))
         run.log(record)
         bar.update(1)
-        bar.set_postfix(loss=f"{float(loss):.3f}", alpha=f"{float(acceptance):.3f}")
+        bar.set_postfix(loss=f"{float(loss):.3f}", alpha=f"{float(acceptance.detach()):.3f}")
         if time.monotonic() - last_save > cfg.checkpoint_minutes * 60:
             checkpoint()
             last_save = time.monotonic()
@@ -317,15 +340,20 @@ def train_eagle(cfg: EagleConfig, say=print) -> dict:
                "windows": len(task.ids), "window_len": cfg.window_len, "heldout_windows": len(task.eval_ids),
                "output_rows": int(task.rows.shape[0]), "params": sum(p.numel() for p in trained),
                "train_s": round(state["train_s"], 1), "data_s": round(task.data_s, 1),
-               "resumed_from": state["resumed_from"], "config": asdict(cfg), "command": command_line(cfg)}
+               "resumed_from": state["resumed_from"], "config": asdict(cfg), "command": command_line(cfg),
+               "depth_weights": [round(w, 3) for w in depth_weights(cfg, task.unroll)]}
+    if task.kinds:
+        summary["kinds"] = {kind: len(ids) for kind, ids in task.kinds.items()}
     run.record("training.json", summary)
     out = Path(cfg.out or Path(cfg.run_dir) / "export")
     if cfg.method == "poss":
         task.head.save(out, task.base_folder, task.folder, summary)
+    elif cfg.method == "mtp":
+        task.head.save(out, task.folder, task.vocab_ids, summary, task.kinds)
     else:
         task.head.save(out, task.folder, task.vocab_ids, summary)
     say(f"exported the head to {out}")
-    record_in_manifest(out, "poss.json" if cfg.method == "poss" else None)
+    record_in_manifest(out, {"poss": "poss.json", "mtp": "mtp.json"}.get(cfg.method))
     return summary
 
 
@@ -353,8 +381,8 @@ def record_in_manifest(folder: Path, record_file: str | None = None) -> None:
 
 
 def command_line(cfg: EagleConfig) -> str:
-    """The `specgen train head` command that reruns (or resumes) this run."""
-    defaults = EagleConfig()
+    """The `specgen train head` command that reruns (or resumes) this run (the method's own defaults left out)."""
+    defaults = config_for(cfg.method)
     flags = {"run_dir": "--out", "out": "--export"}
     parts = [f"specgen train head --method {cfg.method}"]
     for key, value in asdict(cfg).items():
@@ -365,14 +393,18 @@ def command_line(cfg: EagleConfig) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from specgen.modalities.text.training.eagle_config import yes_no
+
     for key, value in asdict(EagleConfig()).items():
-        parser.add_argument(f"--{key.replace('_', '-')}", type=type(value) if value is not None else str, default=value)
+        kind = yes_no if isinstance(value, bool) else type(value) if value is not None else str
+        parser.add_argument(f"--{key.replace('_', '-')}", type=kind)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specgen train head --method eagle", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
-    summary = train_eagle(EagleConfig(**vars(parser.parse_args(argv))))
+    given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+    summary = train_eagle(config_for(given.pop("method", "eagle"), **given))
     print(json.dumps({"before": summary["before"], "after": summary["after"]}))
     return 0
 

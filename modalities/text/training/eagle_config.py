@@ -1,4 +1,4 @@
-"""The settings of `specgen train head --method eagle|poss` (modalities/text/training/eagle.py), apart from the
+"""The settings of `specgen train head --method eagle|poss|mtp` (modalities/text/training/eagle.py), apart from the
 trainer so the command line reads them without importing torch."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from specgen.modalities.training import RunSettings
 class EagleConfig(RunSettings):
     run_dir: str = "runs/eagle"
     model: str = "code"  # 'code' (the shipped code target), 'gemma' or a model folder
-    method: str = "eagle"  # or 'poss': position specialists over an EAGLE head (modalities/drafters/poss.py)
+    method: str = "eagle"  # 'poss': position specialists over an EAGLE head (modalities/drafters/poss.py); 'mtp':
+    # FastMTP's module (modalities/drafters/mtp.py), with MTP_DEFAULTS unless given
     base: str = ""  # poss: the EAGLE head it extends (default: the one trained for the target)
     specialists: int = 3  # poss: layers in all, the base's included (drafted position k >= 3 reads the last)
     windows: int = 1536
@@ -30,9 +31,35 @@ class EagleConfig(RunSettings):
     law_share: float = 0.25
     unroll: int = 1  # > 1: also train on the head's own predicted features, that many passes deep (poss: at
     # least one pass per specialist)
+    depth_decay: float = 1.0  # depth d's loss weighs depth_decay ** (d - 1) (normalised): FastMTP's decaying weights
+    sampled_prose: bool = False  # Gemma: the third data kind is docstring prompts continued by sampling (temperature
+    # 1) instead of real docstrings, so every window's continuation is the target's own
     intermediate_size: int = 1024
     heads: int = 4
     kv_heads: int = 1
     data_threads: int = 2
     max_files: int = 0  # > 0: the first corpus files only (quick checks)
     eval_every: int = 200
+
+
+# FastMTP (`--method mtp`): cross-entropy against the target's law only, three recursive steps with weights decaying
+# by depth (0.6 per step: our choice, the paper's exact weights are not given in its code), no input noise, and
+# self-distilled data only.
+MTP_DEFAULTS = {"feature_weight": 0.0, "law_weight": 1.0, "noise": 0.0, "unroll": 3, "depth_decay": 0.6,
+                "law_share": 0.5, "sampled_prose": True}
+
+
+def config_for(method: str, **given) -> EagleConfig:
+    """The config of a run of `method`, its own defaults under the options given."""
+    return EagleConfig(method=method, **{**(MTP_DEFAULTS if method == "mtp" else {}), **given})
+
+
+def yes_no(text: str) -> bool:
+    """A boolean option's value on the command line."""
+    import argparse
+
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
