@@ -29,6 +29,8 @@ HEADS = ("eagle", "mtp")
 
 
 class HeadTreeDrafter:
+    """EAGLE-2's tree from the head of a chain drafter (`EagleDrafter`: its cache, feature store and output rows)."""
+
     def __init__(self, chain: EagleDrafter, *, budget: int, top_k: int, depth: int):
         if budget < 1 or top_k < 1 or depth < 1:
             raise InvalidRequest(f"a tree needs tree_budget, expand_top_k and depth >= 1, got {budget}, {top_k}, "
@@ -40,10 +42,6 @@ class HeadTreeDrafter:
     @property
     def max_nodes(self) -> int:
         return max_nodes("eagle2", None, self.budget, self.depth)
-
-    @property
-    def confidence(self):
-        return None
 
     def propose(self, ctx: DecodeContext, budget: int) -> DraftTree:
         chain = self.chain
