@@ -396,6 +396,26 @@ class Eagle2Builder(TreeBuilder):
         self.scores = [0.0] + [self.scores[n] for n in keep]
 
 
+def scored_subtrees(builders: Sequence[TreeBuilder], requests: Sequence[Sequence[int]]):
+    """(subsets, parents) for one draft forward over the requested nodes of each row's tree: per row the requested
+    nodes and their non-root ancestors, sorted (a parent before its children), and [rows, width + 1] their parent
+    array in slot numbering (slot 0 the root, padding slots parented to it), for the ancestor mask."""
+    subsets = []
+    for b, wanted in zip(builders, requests):
+        needed = set()
+        for node in wanted:
+            while node > 0 and node not in needed:
+                needed.add(node)
+                node = b.parents[node]
+        subsets.append(sorted(needed))
+    parents = torch.zeros(len(subsets), max(len(s) for s in subsets) + 1, dtype=torch.long)
+    parents[:, 0] = -1
+    for j, (b, subset) in enumerate(zip(builders, subsets)):
+        slot = {0: 0, **{node: i + 1 for i, node in enumerate(subset)}}
+        parents[j, 1:len(subset) + 1] = torch.tensor([slot[b.parents[n]] for n in subset])
+    return subsets, parents
+
+
 def run_builders(builders: Sequence[TreeBuilder], laws_for: Callable[[list[list[int]]], list[dict]]) -> None:
     """Drive every row's builder to the end in lockstep rounds. laws_for(requests) gets, per row, the node ids
     whose law is needed (possibly empty) and returns per row a dict node -> law (one draft forward per round)."""

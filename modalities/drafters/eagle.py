@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from specgen.errors import InvalidRequest, ModelNotFound
 from specgen.kernels import sample_categorical
 from specgen.modalities.drafters.model import common_prefix
-from specgen.modalities.drafters.trained_files import file_stamp, target_sha256
+from specgen.modalities.drafters.trained_files import file_stamp, trained_for
 from specgen.modalities.image.eagle_head.head import FC_FILE, EagleHead
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget
 from specgen.samplers.length_policies import ChainStops
@@ -130,12 +130,10 @@ _HEADS: dict[tuple, "TextEagleHead"] = {}
 
 def find_head(model_path: str) -> Path:
     """The head folder trained on the very weights at `model_path`; ModelNotFound naming the command otherwise."""
-    sha = target_sha256(model_path) if Path(model_path).is_dir() else None
-    for folder in head_folders(model_path):
-        record = folder / RECORD_FILE
-        if sha and record.exists() and json.loads(record.read_text()).get("target_sha256") == sha:
-            return folder
-    raise ModelNotFound(f"method 'eagle' needs an EAGLE head trained for the target {model_path} (none in "
+    folder = trained_for(model_path, head_folders(model_path), RECORD_FILE)
+    if folder is not None:
+        return folder
+    raise ModelNotFound(f"method 'eagle'' needs an EAGLE head trained for the target {model_path} (none in "
                         f"{' or '.join(str(f) for f in head_folders(model_path))}); train one with "
                         "`specgen train head --method eagle --model PATH`")
 

@@ -68,23 +68,11 @@ class HeadTreeDrafter:
         ancestors (the root excluded: its pair is in the cache); each scored node's predicted feature is kept for
         its children's pairs."""
         chain = self.chain
-        subsets = []
-        for b, wanted in zip(builders, requests):
-            needed = set()
-            for node in wanted:
-                while node > 0 and node not in needed:
-                    needed.add(node)
-                    node = b.parents[node]
-            subsets.append(sorted(needed))
-        width, dim = max(len(s) for s in subsets), chain.token_fc.shape[0]
-        inputs = torch.zeros(len(builders), width, dim)
-        parents = torch.zeros(len(builders), width + 1, dtype=torch.long)
-        parents[:, 0] = -1
+        subsets, parents = trees.scored_subtrees(builders, requests)
+        inputs = torch.zeros(len(builders), parents.shape[1] - 1, chain.token_fc.shape[0])
         for j, (b, subset, known) in enumerate(zip(builders, subsets, features)):
-            slot = {0: 0, **{node: i + 1 for i, node in enumerate(subset)}}
             tokens = torch.tensor(self._target_ids([b.tokens[n] for n in subset]))
             inputs[j, :len(subset)] = chain._pairs(tokens, self._read_features(known, [b.parents[n] for n in subset]))
-            parents[j, 1:len(subset) + 1] = torch.tensor([slot[b.parents[n]] for n in subset])
         mask = ancestor_mask(parents)[:, 1:, 1:]  # [rows, width, width]; padding slots see only themselves
         positions = (ctx.next_positions[index] - 1)[:, None] + mask.sum(-1)  # root position + depth
         hidden = chain.engines[0].score(inputs, positions, ctx.rows[index], mask)  # [rows, width, d]

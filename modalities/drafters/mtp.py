@@ -29,7 +29,7 @@ from torch import nn
 
 from specgen.errors import ModelNotFound
 from specgen.modalities.drafters import eagle
-from specgen.modalities.drafters.trained_files import file_stamp, target_sha256
+from specgen.modalities.drafters.trained_files import file_stamp, trained_for
 from specgen.modalities.image.eagle_head.head import FC_FILE, EagleHead
 
 RECORD_FILE = "mtp.json"  # the training summary and the target's identity
@@ -131,11 +131,9 @@ def mtp_folders(model_path: str) -> list[Path]:
 
 def find_mtp(model_path: str) -> Path:
     """The module folder trained on the very weights at `model_path`; ModelNotFound naming the command otherwise."""
-    sha = target_sha256(model_path) if Path(model_path).is_dir() else None
-    for folder in mtp_folders(model_path):
-        record = folder / RECORD_FILE
-        if sha and record.exists() and json.loads(record.read_text()).get("target_sha256") == sha:
-            return folder
+    folder = trained_for(model_path, mtp_folders(model_path), RECORD_FILE)
+    if folder is not None:
+        return folder
     raise ModelNotFound(f"method 'mtp' needs a FastMTP module trained for the target {model_path} (none in "
                         f"{' or '.join(str(f) for f in mtp_folders(model_path))}); train one with "
                         "`specgen train head --method mtp --model PATH`")

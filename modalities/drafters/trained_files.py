@@ -30,3 +30,15 @@ def target_sha256(model_path: str) -> str:
     if key not in _SHA:
         _SHA[key] = model_sha256(model_path)
     return _SHA[key]
+
+
+def trained_for(model_path: str, folders: list[Path], record_file: str) -> Path | None:
+    """The first of `folders` whose `record_file` names the sha256 of the weights at `model_path` (None: none)."""
+    import json
+
+    sha = target_sha256(model_path) if Path(model_path).is_dir() else None
+    for folder in folders:
+        record = folder / record_file
+        if sha and record.exists() and json.loads(record.read_text()).get("target_sha256") == sha:
+            return folder
+    return None

@@ -115,22 +115,10 @@ class TreeDrafter(ModelDrafter):
                      requests: list[list[int]]) -> list[dict]:
         """Laws at the requested nodes of the given rows' trees, from one forward over the requested nodes and
         their ancestors (the root excluded: it is in the cache and every node sees it)."""
-        subsets = []
-        for b, wanted in zip(builders, requests):
-            needed = set()
-            for node in wanted:
-                while node > 0 and node not in needed:
-                    needed.add(node)
-                    node = b.parents[node]
-            subsets.append(sorted(needed))
-        width = max(len(s) for s in subsets)
-        tokens = torch.zeros(len(builders), width, dtype=torch.long)
-        parents = torch.zeros(len(builders), width + 1, dtype=torch.long)
-        parents[:, 0] = -1
+        subsets, parents = trees.scored_subtrees(builders, requests)
+        tokens = torch.zeros(len(builders), parents.shape[1] - 1, dtype=torch.long)
         for j, (b, subset) in enumerate(zip(builders, subsets)):
-            slot = {0: 0, **{node: i + 1 for i, node in enumerate(subset)}}
             tokens[j, :len(subset)] = torch.tensor([b.tokens[n] for n in subset])
-            parents[j, 1:len(subset) + 1] = torch.tensor([slot[b.parents[n]] for n in subset])
         mask = trees_ancestor_mask(parents)[:, 1:, 1:]
         depths = mask.sum(-1)  # depth of each non-root node (>= 1); padding slots see only themselves
         positions = (ctx.next_positions[index] - 1)[:, None] + depths

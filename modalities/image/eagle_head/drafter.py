@@ -206,22 +206,11 @@ class EagleTreeDrafter:
     def _score_nodes(self, ctx, builders, node_features, index, requests, halves) -> list[dict]:
         """Laws at the requested nodes (rows `index`), from one head forward over them and their non-root
         ancestors; stores each scored node's predicted feature for its children."""
-        subsets = []
-        for i, wanted in zip(index, requests):
-            b, needed = builders[i], set()
-            for node in wanted:
-                while node > 0 and node not in needed:
-                    needed.add(node)
-                    node = b.parents[node]
-            subsets.append(sorted(needed))
-        width, dim = max(len(s) for s in subsets), self.embed.shape[1]
+        subsets, parents = trees.scored_subtrees([builders[i] for i in index], requests)
+        width, dim = parents.shape[1] - 1, self.embed.shape[1]
         inputs = self.embed.new_zeros(halves, len(index), width, dim)
-        parents = torch.zeros(len(index), width + 1, dtype=torch.long)
-        parents[:, 0] = -1
         for j, (i, subset) in enumerate(zip(index, subsets)):
             b = builders[i]
-            slot = {0: 0, **{node: k + 1 for k, node in enumerate(subset)}}
-            parents[j, 1: len(subset) + 1] = torch.tensor([slot[b.parents[n]] for n in subset])
             tokens = torch.tensor([b.tokens[n] for n in subset])
             parent_features = torch.stack([node_features[i][b.parents[n]] for n in subset], 1)  # [halves, n, d]
             inputs[:, j, : len(subset)] = self._pair(tokens, parent_features)
