@@ -81,15 +81,26 @@ def decode(runner, hidden: torch.Tensor, positions: torch.Tensor, cache, window_
     _ensure_storage(runner, cache, hidden)
     rows = cache.rows if rows is None else rows
     starts = cache.lengths[rows] if starts is None else starts
-    layers = range(len(runner.layers))
     mask = _NO_MASK if window_mask is None else window_mask.to(torch.bool).contiguous()
-    return load().decode_layers(hidden.contiguous(), positions.contiguous(), inv_freq, rope_scaling, weights,
-                                final_norm, [cache.keys[i] for i in layers], [cache.values[i] for i in layers],
-                                rows.contiguous(), starts.contiguous(), mask, runner.heads, runner.kv_heads,
-                                runner.head_dim, eps, scales)
+    # the runner's `keep_layers` cut the stack into segments, one call each, the residual stream after each kept
+    # (every layer's arithmetic is the same in any segment, so the output is the same bits as one call's)
+    cuts = [0, *(layer for layer in getattr(runner, "keep_layers", ()) if 0 < layer < len(runner.layers)),
+            len(runner.layers)]
+    hidden = hidden.contiguous()
+    for first, last in zip(cuts, cuts[1:]):
+        final = last == len(runner.layers)
+        hidden = load().decode_layers(
+            hidden, positions.contiguous(), inv_freq, rope_scaling, weights[6 * first:6 * last],
+            final_norm if final else _NO_NORM, [cache.keys[i] for i in range(first, last)],
+            [cache.values[i] for i in range(first, last)], rows.contiguous(), starts.contiguous(), mask,
+            runner.heads, runner.kv_heads, runner.head_dim, eps[2 * first:2 * last] + [eps[-1]], scales[first:last])
+        if not final:
+            runner.layer_hidden[last] = hidden
+    return hidden
 
 
 _NO_MASK = torch.empty(0, dtype=torch.bool)
+_NO_NORM = torch.empty(0)  # no final norm: `decode_layers` returns the residual stream
 
 
 def rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:

@@ -98,7 +98,7 @@ class Generator:
             from specgen.samplers.length_policies import SvipLength
 
             return SvipLength(knobs["num_draft_tokens"], threshold=knobs["entropy_threshold"])
-        if spec.policy == "kangaroo":  # the self-draft's confidence stop (modalities/drafters/kangaroo.py)
+        if spec.policy == "kangaroo":  # the self-draft's confidence stop (modalities/drafters/kangaroo.py, DEL)
             from specgen.samplers.length_policies import ConfidenceLength
 
             return ConfidenceLength(knobs["num_draft_tokens"], threshold=knobs["confidence"])
@@ -171,6 +171,10 @@ def make_drafter(generator: Generator, spec: MethodSpec, knobs: dict, processing
         from specgen.modalities.drafters.kangaroo import build_drafter
 
         return build_drafter(generator, knobs, processing, policy)
+    if spec.drafter == "del":
+        from specgen.modalities.drafters.dynamic_exit import build_drafter as build_del
+
+        return build_del(generator, knobs, processing, policy, engine)
     if spec.drafter == "eagle":
         from specgen.modalities.drafters.eagle import build_drafter as build_eagle
 
@@ -194,7 +198,7 @@ def servable(generator: Generator, spec: MethodSpec) -> bool:
     """Whether `generator` can serve `spec` at all: a drafter trained on the target (a Kangaroo adapter, an EAGLE
     head, PosS specialists) is served only beside its very weights (for the default method sets, e.g. `bench`
     without --methods; a request for it gets the reason)."""
-    if spec.drafter == "kangaroo":
+    if spec.drafter in ("kangaroo", "del"):
         from specgen.modalities.drafters.kangaroo import find_adapter as find
     elif spec.drafter == "eagle":
         from specgen.modalities.drafters.eagle import find_head as find

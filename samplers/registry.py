@@ -324,14 +324,35 @@ register(MethodSpec("kangaroo", "text", True,
                     "target verifies by exact rejection sampling (greedy match at temperature 0)",
                     drafter="kangaroo", rule="chain", policy="kangaroo",
                     paper="Liu et al. 2024, Kangaroo (arXiv 2404.18911)",
-                    # defaults: the fastest of benchmarks/kangaroo/sweep-*.md on the shipped code target, whose flat
-                    # laws put the draft's top-1 probability low even where it is right (the paper's 0.6 stops chains)
-                    knobs=(Knob("num_draft_tokens", int, 4, "the most tokens drafted per step", 1, 64),
+                    # defaults: the fastest on the shipped code target's held-out prompts (docs/self_speculation.md),
+                    # whose flat laws put the draft's top-1 probability low even where it is right (the paper's 0.6
+                    # stops chains); 3, not 4, since the adapter skips its MLP: a 4-slot window costs a 5-slot one less
+                    knobs=(Knob("num_draft_tokens", int, 3, "the most tokens drafted per step", 1, 64),
                            Knob("exit_layer", int, 0, "target layers the draft runs before its adapter (an adapter "
                                 "must be trained for it; 0: the shallowest trained one)", 0, 256),
                            Knob("confidence", float, 0.0, "stop drafting before a token whose draft top-1 "
                                 "probability is below this (0: never; the paper's code uses 0.6)", 0.0, 1.0))))
 
+
+# DEL (modalities/drafters/dynamic_exit.py, docs/self_speculation.md): Kangaroo's self-drafts at every exit layer with
+# a trained adapter, the exit layer and the draft length chosen each step from shadow tokens (what each exit would
+# have drafted, read off the target's verification). Registered after kangaroo: the demo's positional API.
+register(MethodSpec("del", "text", True,
+                    "DEL: self-speculation from the exit layer and draft length predicted fastest each step; every "
+                    "exit layer's would-be acceptance is tracked from the target's own verified hidden states "
+                    "(shadow tokens through that exit's adapter and output layer, no extra target forward); exact "
+                    "rejection sampling (greedy match at temperature 0)",
+                    drafter="del", rule="chain", policy="kangaroo",
+                    paper="Entezari Zarch et al. 2025, DEL (arXiv 2504.05598)",
+                    knobs=(Knob("num_draft_tokens", int, 8, "the longest draft DEL may choose per step", 1, 64),
+                           Knob("exit_layers", str, "", "comma-separated exit layers to choose among (each needs a "
+                                "trained Kangaroo adapter; empty: every trained one)"),
+                           ChoiceKnob("draft_exit", str, "off", "'off': draft the chosen length; 'calibrated': "
+                                      "DEL's dynamic draft exit, each row stops where its drafted tokens' chance of "
+                                      "all being accepted (the exit's measured match rate per draft confidence) no "
+                                      "longer pays for another token", choices=("off", "calibrated")),
+                           Knob("confidence", float, 0.0, "stop drafting before a token whose draft top-1 "
+                                "probability is below this (0: never)", 0.0, 1.0))))
 
 # EAGLE for text (modalities/drafters/eagle.py, docs/eagle.md): a one-layer head over the target's own features;
 # served only where a head was trained for the target (`specgen train head --method eagle`). Registered after

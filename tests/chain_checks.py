@@ -80,3 +80,32 @@ def chain_proposals(law, prefix, k):
             yield from grow(tokens + [token], laws + [current], prob * float(current[token]))
 
     yield from grow([], [], 1.0)
+
+
+def stopped_chain_proposals(law, plain_law, prefix, k, threshold):
+    """Every chain the self-draft could propose after `prefix` with its probability: tokens drawn from `law`, the
+    chain cut before a token whose plain (temperature 1) law has top-1 probability below `threshold`."""
+    def grow(context, tokens, laws, prob):
+        stop = len(tokens) == k or (tokens and float(plain_law(context).max()) < threshold)
+        if stop:
+            padded = tokens + [0] * (k - len(tokens))
+            probs = laws + [laws[-1]] * (k - len(laws))
+            yield prob, Draft(torch.tensor([padded]), torch.stack(probs)[None], num_drafted=torch.tensor([len(tokens)]))
+            return
+        current = law(context)
+        for token in current.nonzero().flatten().tolist():
+            yield from grow(context + [token], tokens + [token], laws + [current], prob * float(current[token]))
+
+    yield from grow(list(prefix), [], [], 1.0)
+
+
+def memo(fn):
+    cache = {}
+
+    def at(context):
+        key = tuple(context)
+        if key not in cache:
+            cache[key] = fn(context)
+        return cache[key]
+
+    return at

@@ -100,8 +100,10 @@ def text_knobs() -> list:
     batch = {knob.name for knob in registry.TETRIS_KNOBS}
     auto = {knob.name for knob in registry.AUTO_KNOBS}  # auto's came later still: after TETRIS's
     later = {"output_rows", "head", "vocabulary"}  # eagle's, later again; then eagle2's head and mtp's vocabulary
-    return ([k for k in knobs if k.name not in batch | auto | later] + [k for k in knobs if k.name in batch]
-            + [k for k in knobs if k.name in auto] + [k for k in knobs if k.name in later])
+    latest = {"exit_layers", "draft_exit"}  # DEL's, after those
+    return ([k for k in knobs if k.name not in batch | auto | later | latest] + [k for k in knobs if k.name in batch]
+            + [k for k in knobs if k.name in auto] + [k for k in knobs if k.name in later]
+            + [k for k in knobs if k.name in latest])
 
 
 def method_info(name: str) -> str:

@@ -289,7 +289,10 @@ torch::Tensor decode_layers(torch::Tensor hidden, torch::Tensor positions, torch
                           && window_mask.numel() == T * n), "window_mask: [R, n, n] bool");
   const bool* visible = masked ? window_mask.data_ptr<bool>() : nullptr;
   const int64_t qs = heads * head_dim, kvs = kv_heads * head_dim, group = heads / kv_heads;
-  const int64_t inter = weights[5].size(1), width = qs + 2 * kvs;
+  // MLP widths may differ by layer; width 0 is a layer without an MLP (a Kangaroo adapter), which adds nothing
+  int64_t widest = 0;
+  for (int64_t l = 0; l < layers; ++l) widest = std::max(widest, weights[6 * l + 5].size(1));
+  const int64_t width = qs + 2 * kvs;
   auto out = hidden.clone();
   float* h = out.data_ptr<float>();
   // token t = row t / n, window slot t % n: its cache row, its cache slot, the slots it attends to, and the rotary
@@ -314,7 +317,7 @@ torch::Tensor decode_layers(torch::Tensor hidden, torch::Tensor positions, torch
       sn[t * head_dim + i] = std::sin(angle) * (float)rope_scaling;
     }
   }
-  std::vector<float> x(T * d), qkv(T * width), att(T * qs), proj(T * d), gu(T * 2 * inter), act(T * inter);
+  std::vector<float> x(T * d), qkv(T * width), att(T * qs), proj(T * d), gu(T * 2 * widest), act(T * widest);
   std::vector<float> scores(longest + 8);
   for (int64_t l = 0; l < layers; ++l) {
     const float* norm_in = weights[6 * l].data_ptr<float>();
@@ -356,6 +359,8 @@ torch::Tensor decode_layers(torch::Tensor hidden, torch::Tensor positions, torch
     }
     matvec(w_out, att.data(), proj.data(), T, d, qs);
     for (int64_t i = 0; i < T * d; ++i) h[i] += proj[i];
+    const int64_t inter = weights[6 * l + 5].size(1);
+    if (inter == 0) continue;
     rms_norm(h, norm_post, x.data(), T, d, (float)eps[2 * l + 1]);
     matvec(w_gu, x.data(), gu.data(), T, 2 * inter, d);
     for (int64_t t = 0; t < T; ++t) {
@@ -367,6 +372,7 @@ torch::Tensor decode_layers(torch::Tensor hidden, torch::Tensor positions, torch
     matvec(w_down, act.data(), proj.data(), T, d, inter);
     for (int64_t i = 0; i < T * d; ++i) h[i] += proj[i];
   }
+  if (final_norm.numel() == 0) return out;  // a stack cut after these layers: the residual stream, not normed
   auto normed = torch::empty_like(out);
   rms_norm(h, final_norm.data_ptr<float>(), normed.data_ptr<float>(), T, d, (float)eps[2 * layers]);
   return normed;

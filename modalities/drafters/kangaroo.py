@@ -10,10 +10,9 @@ adapter's ~0.6M parameters are its own.
 
 How it runs. The drafter is a `ModelDrafter` whose engine's runner is the target's `LlamaRunner` cut after layer ℓ
 with the adapter appended as one more layer, so it keeps its own position-indexed KV cache for ℓ + 1 layers and
-rolls back to the committed prefix exactly as a draft model does (`ModelDrafter._catch_up`). The compiled decode
-step (`kernels.decode_step`) runs every layer with an MLP of the target's width; the adapter has none, so it is
-given an all-zero MLP, which adds exactly 0.0 to its residual (silu(0) * 0 = 0; 0 @ W = 0). That keeps it on the
-compiled path at the price of an MLP's matrix products per drafted token (docs/self_speculation.md).
+rolls back to the committed prefix exactly as a draft model does (`ModelDrafter._catch_up`). The adapter has no MLP:
+as a runner layer its MLP has width 0, which the compiled decode step (`kernels.decode_step`) skips and torch's ops
+turn into an exact 0.0 added to the residual (docs/self_speculation.md).
 
 Verification. The full target scores the pending token and the drafts in one window, as for any drafter; the rule
 (`ChainRejection`, greedy matching at temperature 0) makes the output the target's. The shallow pass's KV and
@@ -124,9 +123,9 @@ class KangarooAdapter(torch.nn.Module):
             hidden = hidden + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         return F.rms_norm(hidden, (c.hidden_size,), self.norm_out, c.eps)
 
-    def as_runner_layer(self, mlp_size: int) -> dict:
-        """The adapter as a `LlamaRunner` layer (fused q/k/v; an all-zero MLP of width `mlp_size` when it has none,
-        which adds exactly 0 to the residual, so the compiled step, whose layers share one MLP width, runs it)."""
+    def as_runner_layer(self) -> dict:
+        """The adapter as a `LlamaRunner` layer (fused q/k/v; an MLP of width 0 when it has none: the compiled step
+        skips it, and in torch's ops an empty product adds exactly 0.0 to the residual)."""
         c, d = self.config, self.config.hidden_size
         weights = {name: getattr(self, name).weight.detach().float() for name in ("q_proj", "k_proj", "v_proj",
                                                                                   "o_proj")}
@@ -134,7 +133,7 @@ class KangarooAdapter(torch.nn.Module):
             gate_up = torch.cat([self.gate_proj.weight, self.up_proj.weight]).detach().float()
             down, norm_post = self.down_proj.weight.detach().float(), self.norm_post.detach().float()
         else:
-            gate_up, down, norm_post = torch.zeros(2 * mlp_size, d), torch.zeros(d, mlp_size), torch.ones(d)
+            gate_up, down, norm_post = torch.zeros(0, d), torch.zeros(d, 0), torch.ones(d)
         return {"norm_in": (self.norm_in.detach().float(), c.eps), "norm_post": (norm_post, c.eps),
                 "scaling": c.head_dim ** -0.5,
                 "qkv": torch.cat([weights["q_proj"], weights["k_proj"], weights["v_proj"]]).contiguous(),
@@ -201,11 +200,11 @@ def load_adapter(path: Path) -> "KangarooAdapter":
     return _ADAPTERS[key]
 
 
-def find_adapter(model_path: str, exit_layer: int = 0) -> Path:
-    """The adapter file for the target at `model_path` (trained on these very weights) at `exit_layer`; 0: the
-    shallowest one trained. ModelNotFound or InvalidRequest, naming what exists, otherwise."""
+def find_adapters(model_path: str, method: str = "kangaroo") -> dict[int, Path]:
+    """Every adapter file trained for the target at `model_path` (on these very weights), by exit layer.
+    ModelNotFound, naming where they are looked up and how to train one, where there is none."""
     if not Path(model_path).is_dir():
-        raise ModelNotFound(f"method 'kangaroo' needs a trained adapter for the target; {model_path!r} is not a "
+        raise ModelNotFound(f"method {method!r} needs a trained adapter for the target; {model_path!r} is not a "
                             "model folder (train one: specgen train adapter --method kangaroo)")
     sha = target_sha256(model_path)
     found: dict[int, Path] = {}
@@ -215,9 +214,16 @@ def find_adapter(model_path: str, exit_layer: int = 0) -> Path:
             if meta["config"].get("target_sha256") == sha:
                 found.setdefault(int(meta["config"]["exit_layer"]), path)
     if not found:
-        raise ModelNotFound(f"method 'kangaroo' needs a Kangaroo adapter trained for the target {model_path} (none "
+        raise ModelNotFound(f"method {method!r} needs a Kangaroo adapter trained for the target {model_path} (none "
                             f"in {' or '.join(str(f) for f in adapter_folders(model_path))}); train one with "
                             "`specgen train adapter --method kangaroo --model PATH`")
+    return dict(sorted(found.items()))
+
+
+def find_adapter(model_path: str, exit_layer: int = 0) -> Path:
+    """The adapter file for the target at `model_path` (trained on these very weights) at `exit_layer`; 0: the
+    shallowest one trained. ModelNotFound or InvalidRequest, naming what exists, otherwise."""
+    found = find_adapters(model_path)
     if exit_layer == 0:  # the shallowest: the cheapest draft (Kangaroo's exit layers are shallow by design)
         return found[min(found)]
     if exit_layer not in found:
@@ -236,8 +242,7 @@ def self_draft_runner(target_model, adapter: KangarooAdapter) -> llama_runner.Ll
         raise InvalidRequest("method 'kangaroo' needs a Llama-architecture target (its layers are run one by one)")
     config = adapter.config
     runner = llama_runner.LlamaRunner(target_model)
-    mlp_size = target_model.config.intermediate_size
-    runner.layers = runner.layers[:config.exit_layer] + [adapter.as_runner_layer(mlp_size)]
+    runner.layers = runner.layers[:config.exit_layer] + [adapter.as_runner_layer()]
     runner.final_norm = (adapter.norm_out.detach().float(), config.eps)
     runner.decode_kernel = True  # the draft's law is what this forward computes: any float32 arithmetic is exact
     return runner

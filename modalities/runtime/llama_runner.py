@@ -47,6 +47,10 @@ class LlamaRunner:
 
             self.head = Int8Linear.from_linear(model.lm_head)
         self.keep_hidden, self.last_hidden = False, None
+        # `keep_layers`: after each forward, `layer_hidden[l]` holds the residual stream after the first l layers
+        # [rows, n, d] (the hidden states an early exit at l reads)
+        self.keep_layers: tuple[int, ...] = ()
+        self.layer_hidden: dict[int, torch.Tensor] = {}
         # float32 forwards as one compiled call (`kernels.decode_step`): every token's arithmetic is the same
         # alone, in a window or in a tree, and equals the torch ops up to float32 rounding; drafts opt in (a
         # draft's law is what its forward computed, so exactness never depends on its bits)
@@ -95,6 +99,9 @@ class LlamaRunner:
                                     cache, rows=rows, starts=starts)[:, 0]  # [slots, d]
         if self.keep_hidden:
             self.last_hidden = hidden.new_zeros(*keep.shape, hidden.shape[-1]).index_put_((keep,), hidden)
+        for layer in self.keep_layers:  # [slots, 1, d] -> [rows, n, d]
+            kept = self.layer_hidden[layer][:, 0]
+            self.layer_hidden[layer] = kept.new_zeros(*keep.shape, kept.shape[-1]).index_put_((keep,), kept)
         logits = self.head(hidden) if self.head is not None else decode_step.linear_rows(hidden, self.lm_head)
         return logits.new_zeros(*keep.shape, logits.shape[-1]).index_put_((keep,), logits)
 
@@ -133,6 +140,8 @@ class LlamaRunner:
             x = _rms_norm(hidden, *layer["norm_post"])
             gate, up = self._linear(x, layer["gate_up"]).chunk(2, dim=-1)
             hidden = hidden + self._linear(F.silu(gate) * up, layer["down"], widen=False)
+            if index + 1 in self.keep_layers:
+                self.layer_hidden[index + 1] = hidden
         return _rms_norm(hidden, *self.final_norm)
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, widen: bool = True) -> torch.Tensor:

@@ -144,6 +144,7 @@ class TransformersTarget:
         # the final-normed hidden state of every cached token, position-indexed like the KV cache (`keep_features`)
         self.features: torch.Tensor | None = None  # [batch, room, d]
         self._keep_features = False
+        self.layer_features: dict[int, torch.Tensor | None] = {}  # exit layer -> [batch, room, d]
 
     def keep_features(self) -> None:
         """Keep the final-normed hidden state of every token the cache holds, at no extra forward: a prefill and
@@ -153,24 +154,42 @@ class TransformersTarget:
             raise InvalidRequest("keeping features needs a Llama or Gemma 3 model (our runner computes them)")
         self.runner.keep_hidden = self._keep_features = True
 
+    def keep_layer_features(self, layers) -> None:
+        """Also keep, for each exit layer l of `layers`, the residual stream after the target's first l layers of
+        every cached token (`layer_features[l]` [batch, room, d], rolled back like `features`): what an early exit
+        at l would have read, at no extra forward (DEL's shadow tokens). Llama runner."""
+        if not isinstance(self.runner, llama_runner.LlamaRunner):
+            raise InvalidRequest("keeping intermediate layers' features needs a Llama-architecture target")
+        self.runner.keep_layers = tuple(sorted(set(self.runner.keep_layers) | set(layers)))
+        self.layer_features = {layer: self.layer_features.get(layer) for layer in self.runner.keep_layers}
+
     def _store_features(self, rows: torch.Tensor, kept: torch.Tensor) -> None:
-        """Write the last forward's hidden states of the `kept` slots [rows, n] after each row's cached tokens."""
-        hidden = self.runner.last_hidden  # [rows, n, d]
+        if self._keep_features:
+            self.features = self._stored(self.features, self.runner.last_hidden, rows, kept)
+        for layer in self.layer_features:
+            self.layer_features[layer] = self._stored(self.layer_features[layer], self.runner.layer_hidden[layer],
+                                                      rows, kept)
+
+    def _stored(self, store: torch.Tensor | None, hidden: torch.Tensor, rows: torch.Tensor,
+                kept: torch.Tensor) -> torch.Tensor:
+        """`store` (grown if needed) with the last forward's `hidden` [rows, n, d] at the `kept` slots written after
+        each row's cached tokens."""
         starts = self.cache.lengths[rows]
         counts = kept.sum(-1)
         need = int((starts + counts).max())
-        if self.features is None or self.features.shape[0] < self.cache.rows_total or self.features.shape[1] < need:
-            room = max(need, 64, 2 * (0 if self.features is None else self.features.shape[1]))
+        if store is None or store.shape[0] < self.cache.rows_total or store.shape[1] < need:
+            room = max(need, 64, 2 * (0 if store is None else store.shape[1]))
             grown = hidden.new_zeros(self.cache.rows_total, min(room, self.capacity), hidden.shape[-1])
-            if self.features is not None:
-                grown[:self.features.shape[0], :self.features.shape[1]] = self.features
-            self.features = grown
+            if store is not None:
+                grown[:store.shape[0], :store.shape[1]] = store
+            store = grown
         order = torch.argsort((~kept).int(), dim=-1, stable=True)  # kept slot indices first, in slot order
         valid = torch.arange(kept.shape[1]) < counts[:, None]
         row_index = rows[:, None].expand_as(order)[valid]
         slots = (starts[:, None] + torch.arange(kept.shape[1]))[valid]
         source = torch.arange(len(rows))[:, None].expand_as(order)[valid]
-        self.features[row_index, slots] = hidden[source, order[valid]]
+        store[row_index, slots] = hidden[source, order[valid]]
+        return store
 
     @property
     def dtype(self) -> torch.dtype:
@@ -203,7 +222,7 @@ class TransformersTarget:
         mask = torch.ones(width, width, dtype=torch.bool).tril() & valid[:, None, :]
         mask |= torch.eye(width, dtype=torch.bool)
         self._forward(tokens, positions, rows, mask, logits_to_keep=1)
-        if self._keep_features:
+        if self._keep_features or self.layer_features:
             self._store_features(rows, valid)
         self.cache.commit(valid)
 
@@ -216,7 +235,7 @@ class TransformersTarget:
 
     def commit(self, kept: torch.Tensor, rows: torch.Tensor) -> None:
         self.cache.rows = rows
-        if self._keep_features:
+        if self._keep_features or self.layer_features:
             self._store_features(rows, kept)
         self.cache.commit(kept)
 

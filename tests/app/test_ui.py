@@ -373,3 +373,17 @@ def test_the_image_tab_starts_each_method_from_its_own_window_and_initial_drafts
     assert jacobi_knob_defaults(gr, "image", "sjd")[1]["value"] == "random"
     assert jacobi_knob_defaults(gr, "image", "mc-sjd")[1]["value"] == "left"
     assert all("value" not in update for update in jacobi_knob_defaults(gr, "image", "ar"))
+
+
+def test_the_text_tabs_knobs_keep_their_positions_new_ones_come_last():
+    """The demo's API takes the knobs positionally: a knob added to the registry goes after all earlier ones."""
+    from specgen.app.ui.text import text_knobs
+
+    names = [k.name for k in text_knobs()]
+    assert names == [
+        "num_draft_tokens", "length_schedule", "max_matching_ngram_size", "min_matching_ngram_size", "branches",
+        "worker", "tree_budget", "max_depth", "shape", "accept_probs", "rank_temperature", "per_round",
+        "expand_top_k", "depth", "entropy_threshold", "max_ngram", "store_top_k", "share", "min_value", "datastore",
+        "max_match", "min_match", "retrieved", "context_weight", "min_share", "neighbours", "group", "exit_layer",
+        "confidence", "verify_capacity", "capacity_estimate", "margin", "candidates", "output_rows", "head",
+        "vocabulary", "exit_layers", "draft_exit"]

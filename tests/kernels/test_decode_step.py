@@ -52,6 +52,38 @@ def test_kernel_matches_the_torch_forward(kv_heads, layers, window, heads, hidde
                               atol=2e-5)
 
 
+def test_a_layer_without_an_mlp_matches_the_torch_forward_and_adds_nothing():
+    """A layer whose MLP has width 0 (a Kangaroo adapter) beside full layers: the kernel skips it, torch's empty
+    product adds 0.0, and both equal the same layer with an all-zero MLP."""
+    model = _model(2, 3)
+    engines = {kind: (_engine(model, True), _engine(model, False)) for kind in ("empty", "zeros")}
+    for kind, pair in engines.items():
+        for engine in pair:
+            layer = engine.runner.layers[1]
+            width = 0 if kind == "empty" else layer["down"].shape[1]
+            engine.runner.layers[1] = dict(layer, gate_up=torch.zeros(2 * width, 128), down=torch.zeros(128, width))
+            engine.runner._decode_arguments = None  # the kernel's copy of the weights, made at the prefill
+    results = {kind: [_run(engine, 3, 12)[0] for engine in pair] for kind, pair in engines.items()}
+    assert torch.allclose(results["empty"][0], results["empty"][1], atol=2e-5, rtol=0)  # kernel against torch
+    assert torch.equal(results["empty"][0], results["zeros"][0])  # kernel: skipped = all-zero MLP, bit for bit
+    assert torch.equal(results["empty"][1], results["zeros"][1])  # torch: the same
+
+
+def test_a_stack_cut_at_kept_layers_gives_the_same_bits_and_their_states():
+    """`keep_layers` runs the compiled stack in segments: the logits are bit for bit one call's, and the kept
+    states are the torch path's residual stream after those layers."""
+    model = _model(2, 3)
+    whole, cut, slow = _engine(model, True), _engine(model, True), _engine(model, False)
+    for engine in (cut, slow):
+        engine.runner.keep_layers = (1, 2)
+    tokens = torch.randint(0, 50, (3, 4), generator=torch.Generator().manual_seed(5))
+    positions = whole.cache.lengths[:, None] + torch.arange(4)
+    assert torch.equal(whole.score(tokens, positions, torch.arange(3)), cut.score(tokens, positions, torch.arange(3)))
+    slow.score(tokens, positions, torch.arange(3))
+    for layer in (1, 2):
+        assert torch.allclose(cut.runner.layer_hidden[layer], slow.runner.layer_hidden[layer], atol=2e-5)
+
+
 @pytest.mark.parametrize("window", [1, 3])
 def test_rows_at_different_lengths_each_write_and_read_their_own_slots(window):
     """Rows at different lengths, a subset of the batch in another order: the kernel (no mask) against the

@@ -10,7 +10,7 @@ import itertools
 import pytest
 import torch
 
-from chain_checks import LeakyRule, Recorder, sampled_fit
+from chain_checks import LeakyRule, Recorder, memo, sampled_fit, stopped_chain_proposals
 from tiny_models import HFTable, save_tiny
 from specgen.errors import InvalidRequest, ModelNotFound
 from specgen.modalities.drafters.kangaroo import (AdapterConfig, KangarooAdapter, KangarooDrafter, adapter_path,
@@ -23,7 +23,6 @@ from specgen.samplers.acceptance import ChainRejection
 from specgen.samplers.oracle import exact_output, max_abs_diff, target_joint
 from specgen.samplers.processing import Processing
 from specgen.samplers.registry import get_method
-from specgen.samplers.types import Draft
 
 EXIT = 1
 PROMPT = "abc abc abc (x"
@@ -146,35 +145,6 @@ def test_sampled_kangaroo_follows_the_target(generator):
 def test_the_drafts_law_leaking_into_the_output_fails_the_same_test(generator):
     fit, _ = sampled_fit(generator, "kangaroo", {"confidence": 0.2}, LeakyRule())
     assert fit.p_value < 1e-6, fit
-
-
-def stopped_chain_proposals(law, plain_law, prefix, k, threshold):
-    """Every chain the self-draft could propose after `prefix` with its probability: tokens drawn from `law`, the
-    chain cut before a token whose plain (temperature 1) law has top-1 probability below `threshold`."""
-    def grow(context, tokens, laws, prob):
-        stop = len(tokens) == k or (tokens and float(plain_law(context).max()) < threshold)
-        if stop:
-            padded = tokens + [0] * (k - len(tokens))
-            probs = laws + [laws[-1]] * (k - len(laws))
-            yield prob, Draft(torch.tensor([padded]), torch.stack(probs)[None], num_drafted=torch.tensor([len(tokens)]))
-            return
-        current = law(context)
-        for token in current.nonzero().flatten().tolist():
-            yield from grow(context + [token], tokens + [token], laws + [current], prob * float(current[token]))
-
-    yield from grow(list(prefix), [], [], 1.0)
-
-
-def memo(fn):
-    cache = {}
-
-    def at(context):
-        key = tuple(context)
-        if key not in cache:
-            cache[key] = fn(context)
-        return cache[key]
-
-    return at
 
 
 @pytest.mark.parametrize("rule,exact", [(ChainRejection(), True), (LeakyRule(), False)])
