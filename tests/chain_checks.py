@@ -109,3 +109,21 @@ def memo(fn):
         return cache[key]
 
     return at
+
+
+def save_random_adapter(model, folder, exit_layer: int, seed: int, agreement: float = 0.5, scale: float = 0.05):
+    """A Kangaroo adapter at `exit_layer` started from the target's next layer, its weights perturbed (so its law is
+    neither the target's nor uniform), saved where the target's adapters are looked up with `agreement` as its
+    held-out greedy agreement; returns the loaded adapter."""
+    from specgen.modalities.drafters.kangaroo import AdapterConfig, KangarooAdapter, adapter_path
+    from specgen.modalities.text.training.distill.windows import model_sha256
+
+    config = AdapterConfig.for_target(model, exit_layer, target_sha256=model_sha256(folder))
+    adapter = KangarooAdapter.from_target(model, config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in adapter.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=generator))
+    path = adapter_path(folder / "kangaroo", exit_layer)
+    adapter.save(path, {"heldout": {"greedy_agreement": agreement}})
+    return KangarooAdapter.load(path)

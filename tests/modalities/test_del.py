@@ -8,15 +8,14 @@ chi-square at temperature 1 with its leaking negative control, and exact enumera
 import pytest
 import torch
 
-from chain_checks import LeakyRule, memo, queued_and_alone, sampled_fit, stopped_chain_proposals
+from chain_checks import (LeakyRule, memo, queued_and_alone, sampled_fit, save_random_adapter,
+                          stopped_chain_proposals)
 from tiny_models import HFTable, save_tiny
 from specgen.errors import InvalidRequest, ModelNotFound
 from specgen.modalities.drafters import dynamic_exit
 from specgen.modalities.drafters.dynamic_exit import DynamicDraftExit, ExitChoice, ShadowExit, choose_exit
-from specgen.modalities.drafters.kangaroo import AdapterConfig, KangarooAdapter, adapter_path, load_adapter
 from specgen.modalities.pipeline import servable
 from specgen.modalities.text.generator import TextGenerator, load_causal_lm
-from specgen.modalities.text.training.distill.windows import model_sha256
 from specgen.modalities.text.training.kangaroo import draft_logits
 from specgen.samplers.acceptance import ChainRejection
 from specgen.samplers.oracle import exact_output, max_abs_diff, target_joint
@@ -27,24 +26,13 @@ PROMPT = "abc abc abc (x"
 EXITS = (1, 2)
 
 
-def save_adapter(model, folder, exit_layer, seed, scale=0.05):
-    config = AdapterConfig.for_target(model, exit_layer, target_sha256=model_sha256(folder))
-    adapter = KangarooAdapter.from_target(model, config)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in adapter.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=generator))
-    path = adapter_path(folder / "kangaroo", exit_layer)
-    adapter.save(path, {"heldout": {"greedy_agreement": 0.5 + 0.1 * exit_layer}})
-    return load_adapter(path)
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     folder = tmp_path_factory.mktemp("del") / "target"
     save_tiny(folder, 0, layers=3, hidden=32, wide=True)
     model = load_causal_lm(str(folder))
-    return folder, model, {layer: save_adapter(model, folder, layer, seed=layer) for layer in EXITS}
+    return folder, model, {layer: save_random_adapter(model, folder, layer, seed=layer, agreement=0.5 + 0.1 * layer)
+                          for layer in EXITS}
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,10 @@ import itertools
 import pytest
 import torch
 
-from chain_checks import LeakyRule, Recorder, memo, sampled_fit, stopped_chain_proposals
+from chain_checks import LeakyRule, Recorder, memo, sampled_fit, save_random_adapter, stopped_chain_proposals
 from tiny_models import HFTable, save_tiny
 from specgen.errors import InvalidRequest, ModelNotFound
-from specgen.modalities.drafters.kangaroo import (AdapterConfig, KangarooAdapter, KangarooDrafter, adapter_path,
-                                                  find_adapter)
+from specgen.modalities.drafters.kangaroo import KangarooAdapter, KangarooDrafter, adapter_path, find_adapter
 from specgen.modalities.pipeline import servable
 from specgen.modalities.text.generator import TextGenerator, load_causal_lm
 from specgen.modalities.text.training.distill.windows import model_sha256
@@ -28,25 +27,12 @@ EXIT = 1
 PROMPT = "abc abc abc (x"
 
 
-def random_adapter(model, folder, seed=3, scale=0.05):
-    """An adapter at EXIT started from the target's next layer, its weights perturbed (so its law is neither the
-    target's nor uniform), saved where the target's adapters are looked up."""
-    config = AdapterConfig.for_target(model, EXIT, target_sha256=model_sha256(folder))
-    adapter = KangarooAdapter.from_target(model, config)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in adapter.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=generator))
-    adapter.save(adapter_path(folder / "kangaroo", EXIT), {"heldout": {"greedy_agreement": 0.5}})
-    return KangarooAdapter.load(adapter_path(folder / "kangaroo", EXIT))
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     folder = tmp_path_factory.mktemp("kangaroo") / "target"
     save_tiny(folder, 0, layers=3, hidden=32, wide=True)
     model = load_causal_lm(str(folder))
-    return folder, model, random_adapter(model, folder)
+    return folder, model, save_random_adapter(model, folder, EXIT, seed=3)
 
 
 @pytest.fixture(scope="module")
