@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specgen.errors import InvalidRequest, ModelNotFound
+from specgen.errors import InvalidRequest
 from specgen.kernels import sample_categorical
 from specgen.modalities.drafters.model import common_prefix
 from specgen.modalities.drafters.trained_files import file_stamp, trained_for
@@ -130,12 +130,7 @@ _HEADS: dict[tuple, "TextEagleHead"] = {}
 
 def find_head(model_path: str) -> Path:
     """The head folder trained on the very weights at `model_path`; ModelNotFound naming the command otherwise."""
-    folder = trained_for(model_path, head_folders(model_path), RECORD_FILE)
-    if folder is not None:
-        return folder
-    raise ModelNotFound(f"method 'eagle'' needs an EAGLE head trained for the target {model_path} (none in "
-                        f"{' or '.join(str(f) for f in head_folders(model_path))}); train one with "
-                        "`specgen train head --method eagle --model PATH`")
+    return trained_for(model_path, head_folders(model_path), RECORD_FILE, method="eagle", what="an EAGLE head")
 
 
 def load_head(folder: Path) -> tuple["TextEagleHead", torch.Tensor | None]:

@@ -27,7 +27,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specgen.errors import ModelNotFound
 from specgen.modalities.drafters import eagle
 from specgen.modalities.drafters.trained_files import file_stamp, trained_for
 from specgen.modalities.image.eagle_head.head import FC_FILE, EagleHead
@@ -131,12 +130,7 @@ def mtp_folders(model_path: str) -> list[Path]:
 
 def find_mtp(model_path: str) -> Path:
     """The module folder trained on the very weights at `model_path`; ModelNotFound naming the command otherwise."""
-    folder = trained_for(model_path, mtp_folders(model_path), RECORD_FILE)
-    if folder is not None:
-        return folder
-    raise ModelNotFound(f"method 'mtp' needs a FastMTP module trained for the target {model_path} (none in "
-                        f"{' or '.join(str(f) for f in mtp_folders(model_path))}); train one with "
-                        "`specgen train head --method mtp --model PATH`")
+    return trained_for(model_path, mtp_folders(model_path), RECORD_FILE, method="mtp", what="a FastMTP module")
 
 
 _HEADS: dict[tuple, tuple] = {}

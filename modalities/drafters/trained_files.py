@@ -32,13 +32,18 @@ def target_sha256(model_path: str) -> str:
     return _SHA[key]
 
 
-def trained_for(model_path: str, folders: list[Path], record_file: str) -> Path | None:
-    """The first of `folders` whose `record_file` names the sha256 of the weights at `model_path` (None: none)."""
+def trained_for(model_path: str, folders: list[Path], record_file: str, *, method: str, what: str) -> Path:
+    """The first of `folders` whose `record_file` names the sha256 of the weights at `model_path`; where none does,
+    ModelNotFound saying that method `method` needs `what` (e.g. "an EAGLE head") and how to train one."""
     import json
+
+    from specgen.errors import ModelNotFound
 
     sha = target_sha256(model_path) if Path(model_path).is_dir() else None
     for folder in folders:
         record = folder / record_file
         if sha and record.exists() and json.loads(record.read_text()).get("target_sha256") == sha:
             return folder
-    return None
+    raise ModelNotFound(f"method {method!r} needs {what} trained for the target {model_path} (none in "
+                        f"{' or '.join(str(f) for f in folders)}); train one with "
+                        f"`specgen train head --method {method} --model PATH`")
