@@ -166,13 +166,20 @@ class KangarooAdapter(torch.nn.Module):
         return adapter.eval()
 
 
+_RECORDS: dict[tuple, dict] = {}  # per file state (trained_files.file_stamp)
+
+
 def read_record(path: Path) -> dict:
-    """(config, record) metadata of an adapter file, without loading its weights."""
+    """(config, record) metadata of an adapter file, without loading its weights; read once per state of the file
+    (a request looks its target's adapters up, and `del` reads their records again; callers never modify it)."""
     from safetensors import safe_open
 
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata()
-    return {"config": json.loads(meta["config"]), "record": json.loads(meta.get("record", "{}"))}
+    key = file_stamp(path)
+    if key not in _RECORDS:
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata()
+        _RECORDS[key] = {"config": json.loads(meta["config"]), "record": json.loads(meta.get("record", "{}"))}
+    return _RECORDS[key]
 
 
 def adapter_path(folder: Path, exit_layer: int) -> Path:

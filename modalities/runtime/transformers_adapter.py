@@ -164,31 +164,31 @@ class TransformersTarget:
         self.layer_features = {layer: self.layer_features.get(layer) for layer in self.runner.keep_layers}
 
     def _store_features(self, rows: torch.Tensor, kept: torch.Tensor) -> None:
-        if self._keep_features:
-            self.features = self._stored(self.features, self.runner.last_hidden, rows, kept)
-        for layer in self.layer_features:
-            self.layer_features[layer] = self._stored(self.layer_features[layer], self.runner.layer_hidden[layer],
-                                                      rows, kept)
-
-    def _stored(self, store: torch.Tensor | None, hidden: torch.Tensor, rows: torch.Tensor,
-                kept: torch.Tensor) -> torch.Tensor:
-        """`store` (grown if needed) with the last forward's `hidden` [rows, n, d] at the `kept` slots written after
-        each row's cached tokens."""
+        """Write the last forward's hidden states of the `kept` slots [rows, n] after each row's cached tokens, into
+        every store kept (the final-normed features and each exit layer's)."""
         starts = self.cache.lengths[rows]
         counts = kept.sum(-1)
         need = int((starts + counts).max())
+        order = torch.argsort((~kept).int(), dim=-1, stable=True)  # kept slot indices first, in slot order
+        valid = torch.arange(kept.shape[1]) < counts[:, None]
+        to = (rows[:, None].expand_as(order)[valid], (starts[:, None] + torch.arange(kept.shape[1]))[valid])
+        source = (torch.arange(len(rows))[:, None].expand_as(order)[valid], order[valid])
+        if self._keep_features:
+            self.features = self._stored(self.features, self.runner.last_hidden, need, to, source)
+        for layer in self.layer_features:
+            self.layer_features[layer] = self._stored(self.layer_features[layer], self.runner.layer_hidden[layer],
+                                                      need, to, source)
+
+    def _stored(self, store: torch.Tensor | None, hidden: torch.Tensor, need: int, to: tuple,
+                source: tuple) -> torch.Tensor:
+        """`store` [batch, room, d], grown to hold `need` slots per row, with `hidden[source]` written at `to`."""
         if store is None or store.shape[0] < self.cache.rows_total or store.shape[1] < need:
             room = max(need, 64, 2 * (0 if store is None else store.shape[1]))
             grown = hidden.new_zeros(self.cache.rows_total, min(room, self.capacity), hidden.shape[-1])
             if store is not None:
                 grown[:store.shape[0], :store.shape[1]] = store
             store = grown
-        order = torch.argsort((~kept).int(), dim=-1, stable=True)  # kept slot indices first, in slot order
-        valid = torch.arange(kept.shape[1]) < counts[:, None]
-        row_index = rows[:, None].expand_as(order)[valid]
-        slots = (starts[:, None] + torch.arange(kept.shape[1]))[valid]
-        source = torch.arange(len(rows))[:, None].expand_as(order)[valid]
-        store[row_index, slots] = hidden[source, order[valid]]
+        store[to] = hidden[source]
         return store
 
     @property
