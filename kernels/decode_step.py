@@ -38,8 +38,8 @@ from specgen.kernels import cpu_build
 def load():
     """The compiled module, or None where it cannot be built (the runner keeps its torch path)."""
     return cpu_build.build("specgen_decode_step_", ("decode_step.cpp",),
-                           ["decode_layers", "linear_rows", "rms_norm_rows"], "SPECGEN_DECODE_KERNEL", "decoding",
-                           "using torch ops")
+                           ["decode_layers", "linear_rows", "rms_norm_rows", "classify_rows", "copy_states"],
+                           "SPECGEN_DECODE_KERNEL", "decoding", "using torch ops")
 
 
 def available() -> bool:
@@ -71,21 +71,26 @@ def _static_rope(rotary) -> bool:
 
 
 def decode(runner, hidden: torch.Tensor, positions: torch.Tensor, cache, window_mask: torch.Tensor | None = None,
-           rows: torch.Tensor | None = None, starts: torch.Tensor | None = None) -> torch.Tensor:
+           rows: torch.Tensor | None = None, starts: torch.Tensor | None = None,
+           layers: range | None = None) -> torch.Tensor:
     """hidden [rows, n, d] input vectors, positions [rows, n]; writes each layer's keys and values at the row's
     slots `cache.lengths[row]` onwards (as `PositionCache.update` would) and returns the final-normed
     [rows, n, d]. Slot j attends to the row's cache and to window slots 0..j, or to those `window_mask`
     [rows, n, n] (bool) marks (a tree's ancestors). `rows` and `starts` [rows] override the cache rows
-    (`cache.rows`) and their first new slots (their lengths): a packed ragged window (`LlamaRunner`)."""
+    (`cache.rows`) and their first new slots (their lengths): a packed ragged window (`LlamaRunner`). `layers`:
+    only these layers (an early exit's, `modalities/text/early_exit.py`), `hidden` the stream before the first;
+    the final norm only where the range ends at the last layer."""
     weights, final_norm, eps, scales, inv_freq, rope_scaling = _arguments(runner)
-    _ensure_storage(runner, cache, hidden)
+    layers = range(len(runner.layers)) if layers is None else layers
+    if layers.start == 0:  # a forward's first call reserves every layer's storage (an early exit's later ones reuse it)
+        _ensure_storage(runner, cache, hidden)
     rows = cache.rows if rows is None else rows
     starts = cache.lengths[rows] if starts is None else starts
     mask = _NO_MASK if window_mask is None else window_mask.to(torch.bool).contiguous()
     # the runner's `keep_layers` cut the stack into segments, one call each, the residual stream after each kept
     # (every layer's arithmetic is the same in any segment, so the output is the same bits as one call's)
-    cuts = [0, *(layer for layer in getattr(runner, "keep_layers", ()) if 0 < layer < len(runner.layers)),
-            len(runner.layers)]
+    kept = getattr(runner, "keep_layers", ())
+    cuts = [layers.start, *(layer for layer in kept if layers.start < layer < layers.stop), layers.stop]
     hidden = hidden.contiguous()
     for first, last in zip(cuts, cuts[1:]):
         final = last == len(runner.layers)
@@ -94,7 +99,7 @@ def decode(runner, hidden: torch.Tensor, positions: torch.Tensor, cache, window_
             final_norm if final else _NO_NORM, [cache.keys[i] for i in range(first, last)],
             [cache.values[i] for i in range(first, last)], rows.contiguous(), starts.contiguous(), mask,
             runner.heads, runner.kv_heads, runner.head_dim, eps[2 * first:2 * last] + [eps[-1]], scales[first:last])
-        if not final:
+        if not final and last in kept:
             runner.layer_hidden[last] = hidden
     return hidden
 
@@ -114,6 +119,26 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [..., in] @ weight[out, in].T with every row's sums in the kernel's fixed order (row-invariant)."""
     flat = x.reshape(-1, x.shape[-1]).contiguous()
     return load().linear_rows(flat, weight.contiguous()).reshape(*x.shape[:-1], weight.shape[0])
+
+
+def copy_states(runner, hidden: torch.Tensor, positions: torch.Tensor, cache, layers: range) -> None:
+    """State copying for an early exit: `layers`' keys and values of the forward's slots (at each row's length, as
+    `decode` writes them) computed from the same hidden [rows, n, d], in one compiled call. Its torch twin:
+    `modalities/text/early_exit.EarlyExitTarget._copy_states` with the kernel off."""
+    weights, _, eps, _, inv_freq, rope_scaling = _arguments(runner)
+    picked = [w for index in layers for w in (weights[6 * index], weights[6 * index + 1])]
+    load().copy_states(hidden.contiguous(), positions.contiguous(), inv_freq, rope_scaling, picked,
+                       [cache.keys[i] for i in layers], [cache.values[i] for i in layers], cache.rows.contiguous(),
+                       cache.lengths[cache.rows].contiguous(), runner.heads, runner.kv_heads, runner.head_dim,
+                       [eps[2 * index] for index in layers])
+
+
+def classify_rows(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
+                  eps: float) -> torch.Tensor:
+    """[R, k] softmax(w2 gelu(w1 rmsnorm(x) + b1) + b2) for x [R, d] (the norm unscaled, GELU exact) in one compiled
+    call: an early-exit controller after every layer, where torch's seven small ops cost ~75 µs a call on one CPU
+    thread. Its torch twin: `modalities/text/early_exit.ExitModules.action_logits(...).softmax(-1)`."""
+    return load().classify_rows(x.contiguous(), w1, b1, w2, b2, eps)
 
 
 def _arguments(runner) -> tuple:

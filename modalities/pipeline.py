@@ -153,6 +153,11 @@ def build_pipeline(generator: Generator, method: str | None, prompts: Sequence[t
     if hasattr(policy, "attach"):  # the cost model reads this run's measurements
         policy.attach(stats)
     engine = generator.engine(generator.capacity(spec, knobs, prompts, max_new_tokens))
+    if spec.target == "early-exit":  # the target decodes each token to the depth its controllers choose
+        from specgen.modalities.text.early_exit import build_target
+
+        engine = build_target(generator, knobs, engine)
+        stats.reports.append(engine.run_summary)
     drafter = make_drafter(generator, spec, knobs, processing, policy, engine)
     if knobs.get("verify_capacity"):  # TETRIS: the batch verifies only its most promising drafted tokens
         from specgen.samplers.tetris import TetrisDrafter
@@ -198,7 +203,9 @@ def servable(generator: Generator, spec: MethodSpec) -> bool:
     """Whether `generator` can serve `spec` at all: a drafter trained on the target (a Kangaroo adapter, an EAGLE
     head, PosS specialists) is served only beside its very weights (for the default method sets, e.g. `bench`
     without --methods; a request for it gets the reason)."""
-    if spec.drafter in ("kangaroo", "del"):
+    if spec.target == "early-exit":
+        from specgen.modalities.text.early_exit import find_modules as find
+    elif spec.drafter in ("kangaroo", "del"):
         from specgen.modalities.drafters.kangaroo import find_adapter as find
     elif spec.drafter == "eagle":
         from specgen.modalities.drafters.eagle import find_head as find

@@ -288,3 +288,24 @@ def progress_bar(steps: int, done: int, desc: str):
 
     return tqdm(total=steps, initial=done, desc=desc, file=sys.stderr, dynamic_ncols=True,
                 mininterval=1 if sys.stderr.isatty() else 30)
+
+
+# ---- model cards ------------------------------------------------------------------------------------------------
+
+
+def write_readme(folder: Path, lines: list[str]) -> Path:
+    """`folder`/README.md (a model card) from its lines, readable by every user."""
+    path = Path(folder) / "README.md"
+    path.write_text("\n".join(lines))
+    path.chmod(0o644)
+    return path
+
+
+def card_command(write_card: Callable[[Path], Path], argv: list[str] | None, description: str) -> int:
+    """`python -m <trainer> --card FOLDER`: rewrite a folder's model card with the trainer's `write_card`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--card", type=Path, required=True)
+    write_card(parser.parse_args(argv).card)
+    return 0

@@ -62,6 +62,9 @@ class MethodSpec:
     policy: str = "fixed"  # key into samplers.length_policies.POLICIES
     paper: str = ""
     knobs: tuple[Knob, ...] = field(default_factory=tuple)
+    # what the loop scores with: the "full" target, or the target decoding each token to a dynamic depth
+    # ("early-exit", modalities/text/early_exit.py)
+    target: str = "full"
 
     def resolve_knobs(self, params: dict | None) -> dict:
         """Defaults overridden by `params`; unknown names and bad values raise InvalidRequest."""
@@ -386,6 +389,28 @@ register(MethodSpec("mtp", "text", True,
                                       "compression), 'global' (all training text's), or 'full' (every row of the "
                                       "target's output layer, no compression)", choices=("kind", "global", "full")),
                            *TETRIS_KNOBS)))
+
+# Dynamic inference for code completion (modalities/text/early_exit.py, docs/early_exit.md): lossy, no draft; the loop
+# decodes one token per step from the target decoding it to the depth its controllers choose. Registered last: the
+# demo's positional API.
+register(MethodSpec("early-exit", "text", False,
+                    "dynamic inference (lossy): each token leaves the target after the first layer whose trained "
+                    "controller predicts a trained exit head gets it right (the skipped layers' keys and values "
+                    "copied from that state), and the completion ends where the controller predicts the full "
+                    "model would be wrong; no draft, one token per step",
+                    drafter=None, rule="none", target="early-exit",
+                    paper="Sun et al. 2024, dynamic inference for code completion (arXiv 2401.09964)",
+                    # defaults from a sweep on held-out code contexts other than the recorded ones: the fastest exit
+                    # threshold; stops off, since even at 0.99 they cost 3 % ROUGE-L there (the paper: 1.1 % in all)
+                    # on this target, which is wrong at three tokens in four (docs/early_exit.md)
+                    knobs=(Knob("exit_threshold", float, 0.4, "leave at the first layer whose controller gives exit "
+                                "at least this probability (1: never, plain decoding's tokens)", 0.0, 1.0),
+                           Knob("stop_threshold", float, 1.0, "end the completion where the controller gives stop "
+                                "at least this probability (1: never; at 0.99 the target was wrong at 99 in 100 stops "
+                                "on held-out code)", 0.0, 1.0),
+                           Knob("decision_layers", str, "auto", "comma-separated layers after which the controllers "
+                                "decide (and the last, for stops); 'auto': those where held-out tokens leaving saved "
+                                "at least 0.1 layer per token; empty: every layer (the paper's)"))))
 
 
 # ---- image and video --------------------------------------------------------------------------

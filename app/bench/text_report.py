@@ -185,7 +185,8 @@ def render_markdown(result: dict, plot_name: str | None) -> str:
     for i in diverged:
         margin = i["divergence_margin"]
         tie = i.get("divergence_tie_margin") or TIE_MARGIN
-        verdict = "rounding between near-tied tokens" if margin is not None and margin <= tie else "**a bug**"
+        verdict = ("expected: a lossy method" if not i.get("lossless", True) else "rounding between near-tied tokens"
+                   if margin is not None and margin <= tie else "**a bug**")
         lines.append(f"- `{i['name']}` on {i['prompt_id']} (repeat {i['repeat']}): first divergence at token "
                      f"{i['first_divergence']}, target top-2 margin {_f(margin, 6)} (tie margin {_f(tie, 6)}) — {verdict}")
     return "\n".join(lines) + "\n"

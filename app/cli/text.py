@@ -65,9 +65,12 @@ def generate_text(args) -> int:
     else:
         for sample in samples:
             print(sample["text"])
+        exits = summary.get("early_exit")  # a dynamic depth's layers instead of draft acceptance
+        depth = (f"{exits['layers_skipped']:.2f} of {exits['layers']} layers skipped per token, {exits['stops']} "
+                 "stopped" if exits else f"tau {summary['tau']:.2f}")
         print(f"[{method}] {summary['committed']} tokens in {wall_s:.2f} s ({summary['tokens_per_s'] or 0:.1f} "
-              f"tokens/s decoding), tau {summary['tau']:.2f}, {summary['steps']} steps; "
-              f"models loaded in {load_s:.1f} s", file=sys.stderr)
+              f"tokens/s decoding), {depth}, {summary['steps']} steps; models loaded in {load_s:.1f} s",
+              file=sys.stderr)
         if args.compare:
             print(_comparison_line(summary), file=sys.stderr)
     return 0
@@ -89,5 +92,7 @@ def _comparison_line(summary: dict) -> str:
             f"({summary['ar_tokens_per_s'] or 0:.1f} tokens/s); {summary['method']} is "
             f"{summary['speedup_vs_ar'] or 0:.2f}x as fast")
     if "identical_to_ar" in summary:
-        line += ", identical output" if summary["identical_to_ar"] else ", OUTPUT DIFFERS from plain decoding"
+        differs = ", OUTPUT DIFFERS from plain decoding" if summary.get("lossless", True) else (
+            ", output differs from plain decoding (a lossy method)")
+        line += ", identical output" if summary["identical_to_ar"] else differs
     return line

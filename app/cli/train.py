@@ -90,9 +90,11 @@ def _distill_options(p: argparse.ArgumentParser) -> None:
 
 
 def _adapter_options(p: argparse.ArgumentParser) -> None:
-    p.description = ("Train a self-draft adapter on the frozen target's own greedy continuations (Kangaroo: the "
-                     "target's first layers, a one-layer attention adapter, the target's lm_head); resumable.")
-    p.add_argument("--method", choices=("kangaroo",), required=True, help="the self-speculation method")
+    p.description = ("Train what a method adds to the frozen target, resumably: a Kangaroo self-draft adapter on the "
+                     "target's own greedy continuations (its first layers, a one-layer attention adapter, its "
+                     "lm_head), or early-exit's exit heads and controllers on the corpus's code.")
+    p.add_argument("--method", choices=("kangaroo", "early-exit"), required=True,
+                   help="kangaroo (self-speculation) or early-exit (dynamic inference, lossy)")
     p.add_argument("--model", metavar="DIR|code", help="the target model folder (default: code, the shipped one)")
     p.add_argument("--exit-layer", type=int_at_least(1), metavar="L",
                    help="target layers the draft runs (default: 1)")
@@ -100,9 +102,11 @@ def _adapter_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--export", type=Path, metavar="DIR",
                    help="where the adapter and its card go (default: OUT/export; the shipped code target's are in "
                         "assets/code/kangaroo)")
-    p.add_argument("--batch-size", type=int_at_least(1), metavar="N", help="windows per step (default: 16)")
+    p.add_argument("--batch-size", type=int_at_least(1), metavar="N",
+                   help="per step: windows (kangaroo, default 16) or positions (early-exit, default 1024)")
     p.add_argument("--windows", type=int_at_least(1), metavar="N",
-                   help="greedy continuations trained on (default: 2048)")
+                   help="greedy continuations (kangaroo, default 2048) or corpus windows (early-exit, default 768) "
+                        "trained on")
     p.add_argument("--lr", type=finite_float, help="peak learning rate (default: 1e-3)")
     p.add_argument("--data-seed", type=int_at_least(0, MAX_SEED), metavar="SEED", help="which prompts (default: 0)")
     p.add_argument("--max-files", type=int_at_least(1), metavar="N",
@@ -180,14 +184,29 @@ def _train_draft(args: argparse.Namespace) -> int:
 
 
 def _train_adapter(args: argparse.Namespace) -> int:
-    """`train adapter --method kangaroo` (modalities/text/training/kangaroo.py)."""
+    """`train adapter --method kangaroo|early-exit` (modalities/text/training/kangaroo.py, early_exit.py)."""
     from specgen.modalities.text.training.kangaroo import KangarooConfig, train_adapter
 
+    if args.method == "early-exit":
+        return _train_early_exit(args)
     options = _given(args, *COMMON, "exit_layer", "batch_size", "windows", "lr", "data_seed", "max_files")
     cfg = KangarooConfig(run_dir=str(args.out or Path("runs") / "kangaroo"), target=args.model, mlp=args.mlp,
                          out=None if args.export is None else str(args.export), **options)
     return _report(train_adapter(cfg), "exit_layer", "params", "steps", "final_loss", "heldout_before", "heldout",
                    "train_s")
+
+
+def _train_early_exit(args: argparse.Namespace) -> int:
+    from specgen.modalities.text.training.early_exit import EarlyExitConfig, train_early_exit
+
+    if args.exit_layer is not None or args.mlp:
+        from specgen.errors import InvalidRequest
+
+        raise InvalidRequest("--exit-layer and --mlp are Kangaroo's; early-exit trains a head after every layer")
+    options = _given(args, *COMMON, "batch_size", "windows", "lr", "data_seed", "max_files")
+    cfg = EarlyExitConfig(run_dir=str(args.out or Path("runs") / "early-exit"), target=args.model,
+                          out=None if args.export is None else str(args.export), **options)
+    return _report(train_early_exit(cfg), "params", "steps", "final_loss", "calibration", "train_s")
 
 
 def _train_head(args: argparse.Namespace) -> int:

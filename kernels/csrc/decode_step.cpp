@@ -271,6 +271,79 @@ torch::Tensor linear_rows(torch::Tensor x, torch::Tensor w) {
   return out;
 }
 
+// State copying (an early exit's, modalities/text/early_exit.py): every given layer's keys and values of the slots
+// computed from the same hidden [R, n, d] (norm_in, the k and v rows of the fused projection, rotary on the keys),
+// written as decode_layers writes them; the hidden states themselves are left as they are
+void copy_states(torch::Tensor hidden, torch::Tensor positions, torch::Tensor inv_freq, double rope_scaling,
+                 std::vector<torch::Tensor> weights, std::vector<torch::Tensor> keys, std::vector<torch::Tensor> values,
+                 torch::Tensor rows, torch::Tensor slots, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                 std::vector<double> eps) {
+  TORCH_CHECK(hidden.dtype() == torch::kFloat32 && hidden.is_contiguous() && hidden.dim() == 3, "hidden: [R, n, d] f32");
+  TORCH_CHECK(head_dim <= 512 && head_dim % 2 == 0, "head_dim must be even and at most 512");
+  const int64_t n = hidden.size(1), T = hidden.size(0) * n, d = hidden.size(2), layers = (int64_t)keys.size();
+  TORCH_CHECK(positions.numel() == T && rows.numel() == hidden.size(0) && slots.numel() == hidden.size(0), "shapes");
+  TORCH_CHECK((int64_t)weights.size() == 2 * layers && (int64_t)eps.size() == layers, "norm and qkv per layer");
+  const int64_t qs = heads * head_dim, kvs = kv_heads * head_dim;
+  const float* h = hidden.data_ptr<float>();
+  const float* freq = inv_freq.data_ptr<float>();
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  std::vector<float> cs(T * head_dim), sn(T * head_dim), x(T * d), kv(T * 2 * kvs);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < head_dim; ++i) {
+      const float angle = (float)pos[t] * freq[i % (head_dim / 2)];
+      cs[t * head_dim + i] = std::cos(angle) * (float)rope_scaling;
+      sn[t * head_dim + i] = std::sin(angle) * (float)rope_scaling;
+    }
+  for (int64_t l = 0; l < layers; ++l) {
+    float* kc = keys[l].data_ptr<float>();
+    float* vc = values[l].data_ptr<float>();
+    const int64_t kb = keys[l].stride(0), kh = keys[l].stride(1), ksl = keys[l].stride(2);
+    const int64_t vb = values[l].stride(0), vh = values[l].stride(1), vsl = values[l].stride(2);
+    rms_norm(h, weights[2 * l].data_ptr<float>(), x.data(), T, d, (float)eps[l]);
+    matvec(weights[2 * l + 1].data_ptr<float>() + qs * d, x.data(), kv.data(), T, 2 * kvs, d);  // k, v rows only
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t row = rows.data_ptr<int64_t>()[t / n], slot = slots.data_ptr<int64_t>()[t / n] + t % n;
+      float* k = kv.data() + t * 2 * kvs;
+      for (int64_t g = 0; g < kv_heads; ++g) {
+        rope(k + g * head_dim, cs.data() + t * head_dim, sn.data() + t * head_dim, head_dim);
+        std::memcpy(kc + row * kb + g * kh + slot * ksl, k + g * head_dim, head_dim * sizeof(float));
+        std::memcpy(vc + row * vb + g * vh + slot * vsl, k + kvs + g * head_dim, head_dim * sizeof(float));
+      }
+    }
+  }
+}
+
+// A small classifier over rows (early exit's controllers, modalities/text/early_exit.py):
+// softmax(w2 gelu(w1 rmsnorm(x) + b1) + b2), the norm without a scale, GELU the exact (erf) one; [R, k] laws
+torch::Tensor classify_rows(torch::Tensor x, torch::Tensor w1, torch::Tensor b1, torch::Tensor w2, torch::Tensor b2,
+                            double eps) {
+  for (const auto& t : {x, w1, b1, w2, b2})
+    TORCH_CHECK(t.dtype() == torch::kFloat32 && t.is_contiguous(), "classify_rows: contiguous float32 tensors");
+  TORCH_CHECK(x.dim() == 2 && w1.dim() == 2 && w2.dim() == 2 && w1.size(1) == x.size(1) && b1.numel() == w1.size(0)
+              && w2.size(1) == w1.size(0) && b2.numel() == w2.size(0), "x [R, d], w1 [c, d], b1 [c], w2 [k, c], b2 [k]");
+  const int64_t R = x.size(0), d = x.size(1), c = w1.size(0), k = w2.size(0);
+  std::vector<float> ones(d, 1.f), normed(R * d), inner(R * c);
+  rms_norm(x.data_ptr<float>(), ones.data(), normed.data(), R, d, (float)eps);
+  matvec(w1.data_ptr<float>(), normed.data(), inner.data(), R, c, d);
+  const float* bias1 = b1.data_ptr<float>();
+  for (int64_t i = 0; i < R * c; ++i) {
+    const float v = inner[i] + bias1[i % c];
+    inner[i] = 0.5f * v * (1.f + std::erf(v * 0.70710678118654752f));
+  }
+  auto out = torch::empty({R, k}, x.options());
+  float* o = out.data_ptr<float>();
+  matvec(w2.data_ptr<float>(), inner.data(), o, R, k, c);
+  const float* bias2 = b2.data_ptr<float>();
+  for (int64_t r = 0; r < R; ++r) {
+    float* row = o + r * k;
+    float top = -INFINITY, total = 0.f;
+    for (int64_t j = 0; j < k; ++j) top = std::max(top, row[j] += bias2[j]);
+    for (int64_t j = 0; j < k; ++j) total += (row[j] = std::exp(row[j] - top));
+    for (int64_t j = 0; j < k; ++j) row[j] /= total;
+  }
+  return out;
+}
+
 // hidden [R, n, d]: n new slots per row, written at slots[r] .. slots[r] + n - 1 of cache row rows[r]. Slot j of a
 // row attends to every cached slot, then to the window's slots k it sees: k <= j (causal), or window_mask[r][j][k]
 // (a tree's ancestors and itself) when a [R, n, n] bool mask is given. Returns the final-normed [R, n, d].

@@ -26,8 +26,7 @@ drafted token was drawn from.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,7 +34,8 @@ import torch.nn.functional as F
 
 from specgen.errors import InvalidRequest, ModelNotFound
 from specgen.modalities.drafters.model import ModelDrafter
-from specgen.modalities.drafters.trained_files import file_stamp, target_sha256
+from specgen.modalities.drafters.trained_files import (file_stamp, load_described, read_record, save_described,
+                                                        target_sha256)
 from specgen.modalities.runtime import llama_runner
 from specgen.samplers.processing import Processing
 
@@ -143,43 +143,11 @@ class KangarooAdapter(torch.nn.Module):
 
     def save(self, path: Path, record: dict | None = None) -> Path:
         """fp16 weights with the config (and `record`, e.g. held-out acceptance) in the safetensors metadata."""
-        from safetensors.torch import save_file
-
-        tensors = {name: p.detach().half().contiguous() for name, p in self.state_dict().items()}
-        metadata = {"config": json.dumps(asdict(self.config)), "record": json.dumps(record or {})}
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        save_file(tensors, str(tmp), metadata=metadata)
-        tmp.chmod(0o644)
-        tmp.replace(path)
-        return path
+        return save_described(path, self, self.config, record)
 
     @classmethod
     def load(cls, path: Path) -> "KangarooAdapter":
-        from safetensors import safe_open
-
-        with safe_open(str(path), "pt") as f:
-            config = AdapterConfig(**json.loads(f.metadata()["config"]))
-            adapter = cls(config)
-            adapter.load_state_dict({name: f.get_tensor(name).float() for name in f.keys()})
-        return adapter.eval()
-
-
-_RECORDS: dict[tuple, dict] = {}  # per file state (trained_files.file_stamp)
-
-
-def read_record(path: Path) -> dict:
-    """(config, record) metadata of an adapter file, without loading its weights; read once per state of the file
-    (a request looks its target's adapters up, and `del` reads their records again; callers never modify it)."""
-    from safetensors import safe_open
-
-    key = file_stamp(path)
-    if key not in _RECORDS:
-        with safe_open(str(path), "pt") as f:
-            meta = f.metadata()
-        _RECORDS[key] = {"config": json.loads(meta["config"]), "record": json.loads(meta.get("record", "{}"))}
-    return _RECORDS[key]
+        return load_described(path, lambda config: cls(AdapterConfig(**config)))
 
 
 def adapter_path(folder: Path, exit_layer: int) -> Path:

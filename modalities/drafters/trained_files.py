@@ -1,5 +1,6 @@
-"""Finding a target's trained drafter files (Kangaroo adapters, EAGLE heads, PosS specialists) by the target they were
-trained on.
+"""Finding a target's trained drafter files (Kangaroo adapters, EAGLE heads, PosS specialists, early-exit modules) by
+the target they were trained on, and the self-describing safetensors files some of them are (fp16 weights, the config
+and a training record in the metadata).
 
 A file records the sha256 of its target's weights (`model_sha256`), and a drafter is served only beside those very
 weights. Every request builds its drafter, and hashing the target (27 MB for the code target) or reading a file each
@@ -47,3 +48,52 @@ def trained_for(model_path: str, folders: list[Path], record_file: str, *, metho
     raise ModelNotFound(f"method {method!r} needs {what} trained for the target {model_path} (none in "
                         f"{' or '.join(str(f) for f in folders)}); train one with "
                         f"`specgen train head --method {method} --model PATH`")
+
+
+def save_described(path: Path, module, config, record: dict | None = None) -> Path:
+    """`module`'s weights in fp16 with its config (a dataclass) and `record` (e.g. held-out numbers) in the
+    safetensors metadata; written beside `path`, made readable by every user, then renamed over it."""
+    import json
+    from dataclasses import asdict
+
+    from safetensors.torch import save_file
+
+    tensors = {name: p.detach().half().contiguous() for name, p in module.state_dict().items()}
+    metadata = {"config": json.dumps(asdict(config)), "record": json.dumps(record or {})}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata=metadata)
+    tmp.chmod(0o644)
+    tmp.replace(path)
+    return path
+
+
+def load_described(path: Path, build):
+    """`build(config dict)`'s module with the file's weights in float32 (a file `save_described` wrote)."""
+    import json
+
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        module = build(json.loads(f.metadata()["config"]))
+        module.load_state_dict({name: f.get_tensor(name).float() for name in f.keys()})
+    return module.eval()
+
+
+_RECORDS: dict[tuple, dict] = {}  # per file state (file_stamp)
+
+
+def read_record(path: Path) -> dict:
+    """(config, record) metadata of a `save_described` file, without its weights; read once per state of the file
+    (every request looks its target's files up; callers never modify it)."""
+    import json
+
+    from safetensors import safe_open
+
+    key = file_stamp(path)
+    if key not in _RECORDS:
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata()
+        _RECORDS[key] = {"config": json.loads(meta["config"]), "record": json.loads(meta.get("record", "{}"))}
+    return _RECORDS[key]

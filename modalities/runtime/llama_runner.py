@@ -107,11 +107,13 @@ class LlamaRunner:
 
     @torch.no_grad()
     def forward_hidden(self, hidden, positions, cache, attention_mask, kernel: bool = True,
-                       window_mask: torch.Tensor | None = None) -> torch.Tensor:
+                       window_mask: torch.Tensor | None = None, layers: range | None = None) -> torch.Tensor:
         """The layers and the final norm over input vectors `hidden` [rows, n, d]; returns [rows, n, d].
-        `kernel=False` keeps the torch ops where `decode_kernel` would use the compiled step."""
+        `kernel=False` keeps the torch ops where `decode_kernel` would use the compiled step. `layers`: only these
+        (`hidden` the stream before the first), the final norm only where they end at the last layer."""
+        layers = range(len(self.layers)) if layers is None else layers
         if kernel and decode_step.usable(self, hidden.dtype, attention_mask, hidden.shape[0] * hidden.shape[1]):
-            return decode_step.decode(self, hidden, positions, cache, window_mask)
+            return decode_step.decode(self, hidden, positions, cache, window_mask, layers=layers)
         rows, n = hidden.shape[:2]
         cos, sin = self.rotary(hidden, positions)  # [rows, n, head_dim]
         cos, sin = cos[:, :, None], sin[:, :, None]  # over the heads of q and k together
@@ -120,7 +122,8 @@ class LlamaRunner:
         # would turn SDPA's window-dependent last bits into different tokens
         per_query = self.matmul_dtype is not None
         seen = attention_mask[:, 0] == 0 if per_query and attention_mask is not None else None  # [rows, n, width]
-        for index, layer in enumerate(self.layers):
+        for index in layers:
+            layer = self.layers[index]
             x = _rms_norm(hidden, *layer["norm_in"])
             qk, v = self._linear(x, layer["qkv"]).split([q_size + kv_size, kv_size], dim=-1)
             qk = qk.view(rows, n, self.heads + self.kv_heads, self.head_dim)
@@ -142,7 +145,7 @@ class LlamaRunner:
             hidden = hidden + self._linear(F.silu(gate) * up, layer["down"], widen=False)
             if index + 1 in self.keep_layers:
                 self.layer_hidden[index + 1] = hidden
-        return _rms_norm(hidden, *self.final_norm)
+        return _rms_norm(hidden, *self.final_norm) if layers.stop == len(self.layers) else hidden
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, widen: bool = True) -> torch.Tensor:
         if self.matmul_dtype is None:

@@ -386,4 +386,5 @@ def test_the_text_tabs_knobs_keep_their_positions_new_ones_come_last():
         "expand_top_k", "depth", "entropy_threshold", "max_ngram", "store_top_k", "share", "min_value", "datastore",
         "max_match", "min_match", "retrieved", "context_weight", "min_share", "neighbours", "group", "exit_layer",
         "confidence", "verify_capacity", "capacity_estimate", "margin", "candidates", "output_rows", "head",
-        "vocabulary", "exit_layers", "draft_exit"]
+        "vocabulary", "exit_layers", "draft_exit", "exit_threshold", "stop_threshold",
+        "decision_layers"]

@@ -246,3 +246,62 @@ def test_rows_rms_norm_matches_torch_and_gives_each_row_its_own_bits():
     assert torch.allclose(normed, torch.nn.functional.rms_norm(x, (256,), scale, 1e-6), atol=1e-5)
     alone = decode_step.rms_norm(x[1, 3:4, 2:3], scale, 1e-6)
     assert torch.equal(alone[0, 0], normed[1, 3, 2])
+
+
+# ---- early exit's pieces (modalities/text/early_exit.py) ---------------------------------------------------------
+
+
+def test_layer_ranges_chain_to_the_whole_stacks_bits_on_both_paths():
+    """A forward run layer by layer (an early exit's) gives the one call's bits with the kernel, and its torch twin
+    the torch forward's; both write the same keys."""
+    model = _model(2, 3)
+    hidden = torch.randn(3, 1, 128, generator=torch.Generator().manual_seed(5))
+    outputs = {}
+    for kernel in (True, False):
+        whole, split = _engine(model, kernel), _engine(model, kernel)
+        positions = whole.cache.lengths[:, None].clone()
+        for engine in (whole, split):
+            engine.cache.begin(torch.arange(3), 1)
+        one = whole.runner.forward_hidden(hidden, positions, whole.cache, None)
+        stepped = hidden
+        for index in range(3):
+            stepped = split.runner.forward_hidden(stepped, positions, split.cache, None, layers=range(index, index + 1))
+        assert torch.equal(stepped, one)
+        for index in range(3):
+            assert torch.equal(split.cache.keys[index][:, :, :8], whole.cache.keys[index][:, :, :8])
+        outputs[kernel] = one
+    torch.testing.assert_close(outputs[True], outputs[False], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("rows,controller", [(1, 64), (3, 8)])
+def test_the_controller_kernel_matches_its_torch_twin(rows, controller):
+    from specgen.modalities.text.early_exit import ExitModules
+
+    model = _model(2, 3)
+    modules = ExitModules.from_target(model, controller_size=controller).eval().requires_grad_(False)
+    hidden = 3 * torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows))
+    for layer in (1, 3):
+        twin = modules.action_logits(layer, hidden).softmax(-1)
+        torch.testing.assert_close(modules.action_probs(layer, hidden), twin, atol=1e-6, rtol=1e-5)
+
+
+def test_state_copying_kernel_matches_its_torch_twin():
+    """The keys and values of layers 1..2 written from one frozen state: the compiled call and the torch ops."""
+    from specgen.modalities.text.early_exit import EarlyExitTarget, ExitModules
+
+    model = _model(2, 3)
+    modules = ExitModules.from_target(model, controller_size=8)
+    frozen = torch.randn(3, 1, 128, generator=torch.Generator().manual_seed(9))
+    caches = []
+    for kernel in (True, False):
+        engine = _engine(model, kernel)
+        target = EarlyExitTarget(engine, modules, exit_threshold=0.5, stop_threshold=1.0, stop_token=None)
+        positions = engine.cache.lengths[:, None].clone()
+        engine.cache.begin(torch.arange(3), 1)
+        target._copy_states(frozen, positions, engine.cache, range(1, 3))
+        caches.append(engine.cache)
+    for index in (1, 2):
+        for kernel_store, torch_store in ((caches[0].keys, caches[1].keys), (caches[0].values, caches[1].values)):
+            assert kernel_store[index][:, :, 6].abs().max() > 0  # the slot after the 6 cached prompt tokens
+            torch.testing.assert_close(kernel_store[index][:, :, :8], torch_store[index][:, :, :8], atol=1e-5,
+                                       rtol=1e-4)

@@ -21,7 +21,6 @@ metadata) into `export` (default: the run's `export/`) with a README.md model ca
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -35,7 +34,8 @@ import torch
 
 from specgen.errors import InvalidRequest
 from specgen.modalities.drafters.kangaroo import AdapterConfig, KangarooAdapter, adapter_path, read_record
-from specgen.modalities.training import LoopSettings, RunFolder, RunSettings, progress_bar, run_steps, versions
+from specgen.modalities.training import (LoopSettings, RunFolder, RunSettings, card_command, progress_bar, run_steps,
+                                         versions, write_readme)
 from specgen.modalities.text.training.distill import windows as window_data
 from specgen.settings import use_threads
 
@@ -283,18 +283,12 @@ def write_card(folder: Path) -> Path:
              "| held-out α | held-out KL |", "|---|---|---|---|---|---|---|---|---|---|", *rows, "",
              "Commands (each wrote its file into its `--export` folder; a shipped file was copied from there):", "",
              *commands, ""]
-    path = folder / "README.md"
-    path.write_text("\n".join(lines))
-    path.chmod(0o644)
-    return path
+    return write_readme(folder, lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m specgen.modalities.text.training.kangaroo --card FOLDER`: rewrite a folder's model card."""
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--card", type=Path, required=True)
-    write_card(parser.parse_args(argv).card)
-    return 0
+    return card_command(write_card, argv, main.__doc__)
 
 
 if __name__ == "__main__":
