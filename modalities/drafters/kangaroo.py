@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from specgen.errors import InvalidRequest, ModelNotFound
 from specgen.modalities.drafters.model import ModelDrafter
-from specgen.modalities.drafters.trained_files import (file_stamp, load_described, read_record, save_described,
+from specgen.modalities.drafters.trained_files import (load_described, load_once, read_record, save_described,
                                                         target_sha256)
 from specgen.modalities.runtime import llama_runner
 from specgen.samplers.processing import Processing
@@ -164,15 +164,9 @@ def adapter_folders(model_path: str) -> list[Path]:
     return [model / "kangaroo", model.parent / "kangaroo"]
 
 
-_ADAPTERS: dict[tuple, "KangarooAdapter"] = {}  # per file state (trained_files.file_stamp)
-
-
 def load_adapter(path: Path) -> "KangarooAdapter":
     """`KangarooAdapter.load`, kept while the file is unchanged (callers never modify it)."""
-    key = file_stamp(path)
-    if key not in _ADAPTERS:
-        _ADAPTERS[key] = KangarooAdapter.load(path)
-    return _ADAPTERS[key]
+    return load_once(path, KangarooAdapter.load)
 
 
 def find_adapters(model_path: str, method: str = "kangaroo") -> dict[int, Path]:

@@ -97,3 +97,15 @@ def read_record(path: Path) -> dict:
             meta = f.metadata()
         _RECORDS[key] = {"config": json.loads(meta["config"]), "record": json.loads(meta.get("record", "{}"))}
     return _RECORDS[key]
+
+
+_LOADED: dict[tuple, object] = {}  # per loader and file state (file_stamp)
+
+
+def load_once(path: Path, load):
+    """`load(path)` (a module's file loader), kept while the file is unchanged: every request builds its drafter or
+    target, and reading the weights each time would cost milliseconds (callers never modify what it returns)."""
+    key = (load.__qualname__, *file_stamp(path))
+    if key not in _LOADED:
+        _LOADED[key] = load(path)
+    return _LOADED[key]

@@ -81,12 +81,16 @@ class LlamaRunner:
                                      window_mask=window_mask)
         if self.keep_hidden:
             self.last_hidden = hidden
-        kept = hidden[:, -logits_to_keep:] if logits_to_keep else hidden
+        return self.output(hidden[:, -logits_to_keep:] if logits_to_keep else hidden, attention_mask)
+
+    def output(self, hidden: torch.Tensor, attention_mask=None) -> torch.Tensor:
+        """Logits of final-normed states [rows, n, d] as `forward` computes them (an early exit's full-depth rows get
+        plain decoding's bits): the int8 head, the compiled step's tiled products, or torch's."""
         if self.head is not None:
-            return self.head(kept)
-        if decode_step.usable(self, kept.dtype, attention_mask, kept.shape[0] * kept.shape[1]):  # the same tiled products
-            return decode_step.linear_rows(kept, self.lm_head)
-        return self._linear(kept, self.lm_head)
+            return self.head(hidden)
+        if decode_step.usable(self, hidden.dtype, attention_mask, hidden.shape[0] * hidden.shape[1]):
+            return decode_step.linear_rows(hidden, self.lm_head)
+        return self._linear(hidden, self.lm_head)
 
     def _forward_packed(self, tokens, positions, cache, keep: torch.Tensor) -> torch.Tensor:
         """A ragged window's real slots only, each as a one-slot row of the compiled step: slot j of a row is

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from specgen.errors import InvalidRequest, ModelNotFound
 from specgen.kernels import decode_step
-from specgen.modalities.drafters.trained_files import (file_stamp, load_described, read_record, save_described,
+from specgen.modalities.drafters.trained_files import (load_described, load_once, read_record, save_described,
                                                         target_sha256)
 from specgen.modalities.runtime import llama_runner
 
@@ -128,14 +128,9 @@ def find_modules(model_path: str) -> Path:
                         "`specgen train adapter --method early-exit --model PATH`")
 
 
-_LOADED: dict[tuple, ExitModules] = {}  # per file state (trained_files.file_stamp)
-
-
 def load_modules(path: Path) -> ExitModules:
-    key = file_stamp(path)
-    if key not in _LOADED:
-        _LOADED[key] = ExitModules.load(path)
-    return _LOADED[key]
+    """`ExitModules.load`, kept while the file is unchanged (callers never modify it)."""
+    return load_once(path, ExitModules.load)
 
 
 # ---- serving -----------------------------------------------------------------------------------------------------
@@ -238,7 +233,7 @@ class EarlyExitTarget:
         if len(groups) == 1 and -1 not in groups:  # every row from one layer (always so for one row)
             (layer, _), = groups.items()
             self.exits[layer] += len(exit_at)
-            return self._head(hidden if layer == layers else self.modules.exit_hidden(layer, hidden))
+            return self.runner.output(hidden if layer == layers else self.modules.exit_hidden(layer, hidden))
         logits = hidden.new_zeros(len(exit_at), 1, self.runner.lm_head.shape[0])
         for layer, members in groups.items():
             if layer == -1:
@@ -247,15 +242,9 @@ class EarlyExitTarget:
                 self.stops += len(members)
                 continue
             state = hidden[members]
-            logits[members] = self._head(state if layer == layers else self.modules.exit_hidden(layer, state))
+            logits[members] = self.runner.output(state if layer == layers else self.modules.exit_hidden(layer, state))
             self.exits[layer] += len(members)
         return logits
-
-    def _head(self, state: torch.Tensor) -> torch.Tensor:
-        """The target's lm_head as its own forward applies it (the same bits as plain decoding's logits)."""
-        if decode_step.usable(self.runner, state.dtype, None, state.shape[0] * state.shape[1]):
-            return decode_step.linear_rows(state, self.runner.lm_head)
-        return self.runner._linear(state, self.runner.lm_head)
 
     def _copy_states(self, frozen: torch.Tensor, positions: torch.Tensor, cache, layers: range) -> None:
         """State copying: the keys and values of `layers` for the decided rows, computed from their frozen state
