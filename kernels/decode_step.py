@@ -83,7 +83,7 @@ def decode(runner, hidden: torch.Tensor, positions: torch.Tensor, cache, window_
     weights, final_norm, eps, scales, inv_freq, rope_scaling = _arguments(runner)
     layers = range(len(runner.layers)) if layers is None else layers
     if layers.start == 0:  # a forward's first call reserves every layer's storage (an early exit's later ones reuse it)
-        _ensure_storage(runner, cache, hidden)
+        ensure_storage(runner, cache, hidden)
     rows = cache.rows if rows is None else rows
     starts = cache.lengths[rows] if starts is None else starts
     mask = _NO_MASK if window_mask is None else window_mask.to(torch.bool).contiguous()
@@ -157,7 +157,7 @@ def _arguments(runner) -> tuple:
     return runner._decode_arguments
 
 
-def _ensure_storage(runner, cache, hidden: torch.Tensor) -> None:
+def ensure_storage(runner, cache, hidden: torch.Tensor) -> None:
     """Every layer's cache tensors exist and hold the forward's slots (what `PositionCache.update` reserves)."""
     like = hidden.new_empty(1, runner.kv_heads, 1, runner.head_dim)
     for index in range(len(runner.layers)):

@@ -159,6 +159,11 @@ def build_pipeline(generator: Generator, method: str | None, prompts: Sequence[t
         engine = build_target(generator, knobs, engine)
         stats.reports.append(engine.run_summary)
     drafter = make_drafter(generator, spec, knobs, processing, policy, engine)
+    if hasattr(drafter, "verifying_target"):  # a self-draft whose shallow pass verification reuses (Kangaroo)
+        verifying = drafter.verifying_target(engine)
+        if verifying is not engine:
+            engine = verifying
+            stats.reports.append(engine.run_summary)
     if knobs.get("verify_capacity"):  # TETRIS: the batch verifies only its most promising drafted tokens
         from specgen.samplers.tetris import TetrisDrafter
 

@@ -334,7 +334,14 @@ register(MethodSpec("kangaroo", "text", True,
                            Knob("exit_layer", int, 0, "target layers the draft runs before its adapter (an adapter "
                                 "must be trained for it; 0: the shallowest trained one)", 0, 256),
                            Knob("confidence", float, 0.0, "stop drafting before a token whose draft top-1 "
-                                "probability is below this (0: never; the paper's code uses 0.6)", 0.0, 1.0))))
+                                "probability is below this (0: never; the paper's code uses 0.6)", 0.0, 1.0),
+                           # 'recompute' by default: on this CPU a layer over a few slots costs what it costs
+                           # over one, and keeping the draft's stream costs more than reuse saves
+                           # (benchmarks/kangaroo/shallow-pass-latest.md)
+                           ChoiceKnob("shallow_pass", str, "recompute", "'reuse': verification takes the draft's "
+                                      "keys, values and stream of the target's first exit_layer layers where they "
+                                      "are bit for bit its own; 'recompute': verification runs every layer",
+                                      choices=("reuse", "recompute")))))
 
 
 # DEL (modalities/drafters/dynamic_exit.py, docs/self_speculation.md): Kangaroo's self-drafts at every exit layer with

@@ -56,17 +56,21 @@ def queued_and_alone(generator, method: str, params: dict | None = None, new_tok
     return served, alone
 
 
-def sampled_fit(generator, method: str, params: dict, rule=None):
+def sampled_fit(generator, method: str, params: dict, rule=None, rows: int = 2000):
     """(chi-square fit, stats) of 2,000 samples of 3 tokens after "ab" by `method` at temperature 1 and top-k 4 (few
-    cells: a strong test with few samples) against the target's exact joint; `rule` replaces the method's."""
+    cells: a strong test with few samples) against the target's exact joint; `rule` replaces the method's. `rows`:
+    samples per batch (each batch its own seed; the stats are the last batch's)."""
     processing = Processing(temperature=1.0, top_k=4)
-    pipeline = generator.pipeline(method, [generator.encode("ab")], max_new_tokens=3,
-                                  sampling={"temperature": 1.0, "top_k": 4}, params=params)
-    if rule is not None:
-        pipeline.rule = rule
-    result = pipeline.generate([generator.encode("ab")] * 2000, seed=11)
+    samples = []
+    for batch in range(2000 // rows):
+        pipeline = generator.pipeline(method, [generator.encode("ab")], max_new_tokens=3,
+                                      sampling={"temperature": 1.0, "top_k": 4}, params=params)
+        if rule is not None:
+            pipeline.rule = rule
+        result = pipeline.generate([generator.encode("ab")] * rows, seed=11 + batch)
+        samples += [tuple(t) for t in result.tokens]
     expected = target_joint(HFTable(generator.model), processing, generator.encode("ab").tolist(), 3)
-    return goodness_of_fit([tuple(t) for t in result.tokens], expected), result.stats
+    return goodness_of_fit(samples, expected), result.stats
 
 
 def chain_proposals(law, prefix, k):

@@ -101,8 +101,9 @@ def text_knobs() -> list:
     auto = {knob.name for knob in registry.AUTO_KNOBS}  # auto's came later still: after TETRIS's
     later = {"output_rows", "head", "vocabulary"}  # eagle's, later again; then eagle2's head and mtp's vocabulary
     latest = {"exit_layers", "draft_exit"}  # DEL's, after those
-    newest = {"exit_threshold", "stop_threshold", "decision_layers"}  # early-exit's, last
-    groups = (batch, auto, later, latest, newest)
+    newest = {"exit_threshold", "stop_threshold", "decision_layers"}  # early-exit's, after those
+    shallow = {"shallow_pass"}  # kangaroo's verification choice, last
+    groups = (batch, auto, later, latest, newest, shallow)
     return ([k for k in knobs if not any(k.name in group for group in groups)]
             + [k for group in groups for k in knobs if k.name in group])
 

@@ -14,14 +14,13 @@ rolls back to the committed prefix exactly as a draft model does (`ModelDrafter.
 as a runner layer its MLP has width 0, which the compiled decode step (`kernels.decode_step`) skips and torch's ops
 turn into an exact 0.0 added to the residual (docs/self_speculation.md).
 
-Verification. The full target scores the pending token and the drafts in one window, as for any drafter; the rule
-(`ChainRejection`, greedy matching at temperature 0) makes the output the target's. The shallow pass's KV and
-hidden states are not reused by verification: the draft's first ℓ layers compute the same function as the target's
-but the target recomputes them over the window. Reuse would be bitwise safe only where the draft's forward and the
-target's are the same arithmetic (same kernel, same window shape); the draft feeds tokens one slot at a time while
-verification scores the window, and a served target need not be batch-invariant, so full re-verification is kept
-(it costs ℓ/L of a verification pass). Exactness never depends on the draft's bits: `draft_probs` is the law each
-drafted token was drawn from.
+Verification. The target scores the pending token and the drafts in one window, as for any drafter; the rule
+(`ChainRejection`, greedy matching at temperature 0) makes the output the target's. The draft already ran the
+target's first ℓ layers for the pending token and every drafted token but the last, at the slots verification
+scores them and with the same compiled arithmetic, so verification takes those slots' keys and values in layers
+< ℓ and their stream after layer ℓ from the draft (`shallow_pass.ShallowPassTarget`, bit for bit what it would
+compute; where that cannot be vouched for it verifies in full). Exactness never depends on the draft's own law:
+`draft_probs` is the law each drafted token was drawn from.
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ from specgen.modalities.drafters.trained_files import (load_described, load_once
                                                         target_sha256)
 from specgen.modalities.runtime import llama_runner
 from specgen.samplers.processing import Processing
+from specgen.samplers.types import DecodeContext, Draft
 
 ADAPTER_GLOB = "adapter-exit*.safetensors"
 
@@ -217,16 +217,58 @@ def self_draft_runner(target_model, adapter: KangarooAdapter) -> llama_runner.Ll
     return runner
 
 
+@dataclass(frozen=True)
+class ShallowPass:
+    """What a proposal's forwards left for verification (`shallow_pass.ShallowPassTarget`) besides the draft's cache:
+    the stream after the target's first ℓ layers at the pending token and at each drafted token that was fed."""
+
+    rows: torch.Tensor  # [rows] the proposal's batch rows
+    starts: torch.Tensor  # [rows] the pending token's slot (its position)
+    hidden: torch.Tensor  # [rows, fed + 1, d]
+
+
 class KangarooDrafter(ModelDrafter):
     """The self-draft as a chain drafter: `ModelDrafter`'s cache, rollback and per-token stop rule over the
     self-draft runner. `stop_policy` is the confidence rule (`ConfidenceLength`): a token whose draft top-1
-    probability is below the threshold is not drafted."""
+    probability is below the threshold is not drafted. `keep_shallow`: keep each proposal's `shallow` pass for a
+    verification that reuses it."""
 
     def __init__(self, target_model, adapter: KangarooAdapter, processing: Processing, *, stop_policy=None,
-                 capacity: int | None = None):
+                 capacity: int | None = None, keep_shallow: bool = False):
         super().__init__(target_model, processing, capacity=capacity, stop_policy=stop_policy)
         self.engine.runner = self_draft_runner(target_model, adapter)
         self.exit_layer = adapter.config.exit_layer
+        if keep_shallow:  # the draft's forwards then stop after layer ℓ once to keep the stream there
+            self.engine.runner.keep_layers = (self.exit_layer,)
+        self.shallow: ShallowPass | None = None
+        self._shallow_parts: list[torch.Tensor] | None = None
+
+    def propose(self, ctx: DecodeContext, budget: int) -> Draft:
+        self.shallow, parts = None, []
+        self._shallow_parts = parts if self.engine.runner.keep_layers else None
+        try:
+            draft = super().propose(ctx, budget)
+        finally:
+            self._shallow_parts = None
+        if parts:
+            self.shallow = ShallowPass(ctx.rows.clone(), ctx.next_positions - 1, torch.cat(parts, 1))
+        return draft
+
+    def _feed(self, rows, backlog, feed, first, logits: bool = True):
+        out = super()._feed(rows, backlog, feed, first, logits)
+        if self._shallow_parts is not None and logits:  # a proposal's forward (not a long prompt's cache fill)
+            hidden = self.engine.runner.layer_hidden[self.exit_layer]  # [rows, w, d]
+            if backlog is not None:  # from the backlog's last token (the pending one) on
+                index = backlog[1][:, None] - 1 + torch.arange(feed.shape[1] + 1)  # [rows, u + 1]
+                hidden = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))
+            self._shallow_parts.append(hidden)
+        return out
+
+    def verifying_target(self, engine):
+        """The target as the loop should score this drafter's chains: reusing the shallow pass where it is kept."""
+        from specgen.modalities.drafters.shallow_pass import ShallowPassTarget
+
+        return ShallowPassTarget(engine, self) if self.engine.runner.keep_layers else engine
 
     def run_summary(self) -> dict:
         return {"exit_layer": self.exit_layer, "draft_forwards": self.forward_calls}
@@ -235,4 +277,5 @@ class KangarooDrafter(ModelDrafter):
 def build_drafter(generator, knobs: dict, processing: Processing, policy) -> KangarooDrafter:
     """The pipeline's `kangaroo` drafter for a text generator (its target model and folder)."""
     path = find_adapter(generator.model_path, knobs.get("exit_layer", 0))
-    return KangarooDrafter(generator.model, load_adapter(path), processing, stop_policy=policy)
+    return KangarooDrafter(generator.model, load_adapter(path), processing, stop_policy=policy,
+                           keep_shallow=knobs.get("shallow_pass") == "reuse")

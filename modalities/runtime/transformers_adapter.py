@@ -42,6 +42,9 @@ class PositionCache(Cache):
         self.window = 0  # slots written by the current forward
         self.width = 0  # key columns the current forward attends (cached + window)
         self.all_rows, self.common_start = True, 0
+        # per row: every slot it holds was written by the compiled decode step (`kernels.decode_step`), whose bits
+        # do not depend on the window or batch a slot was scored in (a self-draft's shallow pass is reused only then)
+        self.compiled = torch.ones(batch_size, dtype=torch.bool)
 
     def begin(self, rows: torch.Tensor, window: int) -> int:
         """Prepare a forward over `rows` writing `window` slots per row; returns the key length it attends."""
@@ -210,6 +213,7 @@ class TransformersTarget:
             raise InvalidRequest(f"a prompt of {max(lengths) + 1} tokens exceeds the model's maximum length of "
                                  f"{self.capacity} tokens")
         self.cache.lengths[rows] = 0
+        self.cache.compiled[rows] = True
         if max(lengths) == 0:
             return
         width = max(lengths)
@@ -265,6 +269,7 @@ class TransformersTarget:
             packed = {"valid": valid} if valid is not None and not tokens.is_floating_point() else {}
             # the compiled step reads each row's length and the mask itself
             return run(None, window_mask=window_mask, **packed)
+        self.cache.compiled[rows] = False
         plain = n == 1 or window_mask is None  # every slot sees its row's cache and the window's earlier slots
         if (self.runner is not None and plain and (self.sliding_window is None or width <= self.sliding_window)
                 and self.cache.common_start is not None and (n == 1 or self._attends_causally())):

@@ -387,4 +387,4 @@ def test_the_text_tabs_knobs_keep_their_positions_new_ones_come_last():
         "max_match", "min_match", "retrieved", "context_weight", "min_share", "neighbours", "group", "exit_layer",
         "confidence", "verify_capacity", "capacity_estimate", "margin", "candidates", "output_rows", "head",
         "vocabulary", "exit_layers", "draft_exit", "exit_threshold", "stop_threshold",
-        "decision_layers"]
+        "decision_layers", "shallow_pass"]

@@ -5,6 +5,7 @@ and deliberately wrong variants (the draft's law leaking into what is committed;
 fail the same tests. Also: the errors where no adapter fits, `auto` leaving kangaroo out, and a two-step resumable
 training run."""
 
+import dataclasses
 import itertools
 
 import pytest
@@ -14,6 +15,7 @@ from chain_checks import LeakyRule, Recorder, memo, sampled_fit, save_random_ada
 from tiny_models import HFTable, save_tiny
 from specgen.errors import InvalidRequest, ModelNotFound
 from specgen.modalities.drafters.kangaroo import KangarooAdapter, KangarooDrafter, adapter_path, find_adapter
+from specgen.modalities.drafters.shallow_pass import ShallowPassTarget
 from specgen.modalities.pipeline import servable
 from specgen.modalities.text.generator import TextGenerator, load_causal_lm
 from specgen.modalities.text.training.distill.windows import model_sha256
@@ -122,8 +124,11 @@ def test_greedy_drafts_are_accepted_and_stop_by_confidence(generator):
     assert never.stats["mean_draft_length"] > often.stats["mean_draft_length"]
 
 
-def test_sampled_kangaroo_follows_the_target(generator):
-    fit, stats = sampled_fit(generator, "kangaroo", {"confidence": 0.2})
+@pytest.mark.parametrize("shallow_pass", ["recompute", "reuse"])
+def test_sampled_kangaroo_follows_the_target(generator, shallow_pass):
+    # batches of 200 rows: a window of every row fits the compiled step, so `reuse` does reuse
+    fit, stats = sampled_fit(generator, "kangaroo", {"confidence": 0.2, "shallow_pass": shallow_pass}, rows=200)
+    assert shallow_pass == "recompute" or stats["shallow_reused_slots"] > stats["verified_slots"] / 4
     assert fit.p_value > 1e-4, fit
     assert stats["tau"] > 1.05  # drafts are accepted
 
@@ -152,6 +157,87 @@ def test_the_chain_rule_with_the_adapters_stopped_law_is_exact(tiny, rule, exact
     out = exact_output(target, processing, rule, proposals, prompt, 3)
     gap = max_abs_diff(out, target_joint(target, processing, prompt, 3))
     assert gap < 1e-9 if exact else gap > 1e-3
+
+
+# ---- verification reusing the shallow pass ------------------------------------------------------------------------
+
+
+class CheckedReuse(ShallowPassTarget):
+    """Scores every reused window twice, reusing and in full, and records whether the logits are the same bits."""
+
+    def __init__(self, engine, drafter):
+        super().__init__(engine, drafter)
+        self.same: list[bool] = []
+        self.ragged = 0  # reused windows whose rows drafted different numbers of tokens
+
+    def score(self, tokens, positions, rows, tree_mask=None, valid=None, logits_to_keep=0):
+        before = self.reused_slots
+        scored = super().score(tokens, positions, rows, tree_mask, valid, logits_to_keep)
+        if self.reused_slots > before:  # real slots only: a ragged window's padding is never read
+            real = torch.arange(tokens.shape[1]) < (torch.full((len(rows), 1), tokens.shape[1]) if valid is None
+                                                    else valid[:, None])  # [rows, n]
+            full = self.engine.score(tokens, positions, rows, tree_mask, valid, logits_to_keep)
+            self.same.append(torch.equal(scored[real], full[real]))
+            self.ragged += valid is not None
+        return scored
+
+
+class ShiftedSlots(CheckedReuse):
+    """Bug: the draft's keys and values are taken one slot too late (another token's shallow pass)."""
+
+    @staticmethod
+    def _copy(storage, draft_storage, at):
+        rows, heads, slots = at
+        slots = slots + 1 if isinstance(slots, torch.Tensor) else slice(slots.start + 1, slots.stop + 1)
+        storage[at] = draft_storage[rows, heads, slots]
+
+
+class WrongLayer(CheckedReuse):
+    """Bug: the window's reused stream is the one entering the target's first layer, not the one after layer ℓ."""
+
+    def _score(self, tokens, positions, rows, reused):
+        embedded = torch.nn.functional.embedding(tokens[:, :reused], self.engine.runner.embed)
+        self.drafter.shallow = dataclasses.replace(self.drafter.shallow, hidden=embedded)
+        return super()._score(tokens, positions, rows, reused)
+
+
+def reuse_run(generator, verifying=CheckedReuse, num_samples=1):
+    """Greedy kangaroo with the shallow pass reused, each reused window also scored in full: (verifying target,
+    tokens per row); two prompts of different lengths (rows at different slots) unless one sample."""
+    prompts = [generator.encode(PROMPT), generator.encode("ab ab (x")][:max(num_samples, 1)]
+    pipeline = generator.pipeline("kangaroo", prompts, max_new_tokens=32,
+                                  params={"confidence": 0.0, "num_draft_tokens": 4, "shallow_pass": "reuse"})
+    pipeline.target = verifying(pipeline.target.engine, pipeline.drafter)
+    return pipeline.target, pipeline.generate(prompts).tokens
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_verification_reusing_the_shallow_pass_scores_the_same_bits(generator, rows):
+    checked, tokens = reuse_run(generator, num_samples=rows)
+    assert len(checked.same) > 5 and all(checked.same)
+    assert checked.reused_slots > checked.scored_slots / 2  # the pending token and all drafts but the last
+    assert rows == 1 or checked.ragged  # a row near its token limit drafts less: padded windows are reused too
+    plain = [generator.generate(p, method="ar", max_new_tokens=32).tokens for p in (PROMPT, "ab ab (x")[:rows]]
+    assert tokens == plain
+
+
+@pytest.mark.parametrize("bug", [ShiftedSlots, WrongLayer])
+def test_a_shallow_pass_from_the_wrong_slot_or_layer_fails_the_same_test(generator, bug):
+    checked, _ = reuse_run(generator, bug)
+    assert checked.same and not any(checked.same)
+
+
+def test_rows_a_torch_forward_wrote_are_verified_in_full(generator):
+    pipeline = generator.pipeline("kangaroo", [generator.encode(PROMPT)], max_new_tokens=8,
+                                  params={"shallow_pass": "reuse"})
+    engine = pipeline.target.engine
+    engine.runner.decode_kernel = False  # every target forward takes torch's path (bits may depend on the window)
+    result = pipeline.generate([generator.encode(PROMPT)])
+    assert not bool(engine.cache.compiled.any()) and pipeline.target.reused_slots == 0
+    assert result.tokens == [generator.generate(PROMPT, method="ar", max_new_tokens=8).tokens]
+    recompute = generator.pipeline("kangaroo", [generator.encode(PROMPT)], max_new_tokens=8,
+                                   params={"shallow_pass": "recompute"})
+    assert not isinstance(recompute.target, ShallowPassTarget) and recompute.drafter.shallow is None
 
 
 # ---- where it is served ----------------------------------------------------------------------------------------------
