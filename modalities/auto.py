@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from specgen.errors import SpecgenError
+from specgen.errors import InvalidRequest, SpecgenError
 from specgen.modalities import calibration
 from specgen.modalities.pipeline import make_drafter, servable
 from specgen.samplers import loop
@@ -26,6 +26,9 @@ SHADOWED = ("ngram",)
 # drafters that read the target's features of every committed token (the image EAGLE head): they cannot sit out a
 # step, so auto does not offer them
 EVERY_STEP = ("eagle-head",)
+# drafters whose guesses come out of the target's own verification window (PPD's prompt tokens): they need every step
+# scored by their window, which auto's candidates, sharing one plain target, do not give them
+OWN_WINDOW = ("ppd",)
 # `parallel` drafts in a process of its own while the target verifies: its step cost is an overlap that auto's
 # cost model (draft then verify) does not describe, and a candidate that sits out steps wastes its speculation
 OWN_PROCESS = ("parallel",)
@@ -47,12 +50,14 @@ def candidate_names(generator, knobs: dict) -> list[str]:
     if knobs.get("candidates"):
         names = [n.strip() for n in knobs["candidates"].split(",") if n.strip()]
         for name in names:
-            get_method(generator.modality, name)  # unknown names are refused
+            if get_method(generator.modality, name).drafter in OWN_WINDOW:  # unknown names are refused too
+                raise InvalidRequest(f"auto cannot offer {name!r}: its drafts come out of its own verification "
+                                     "window; request it as the method")
         return [n for n in names if n not in ("ar", "auto")]
     # a method that reads a datastore joins only when named: building one is minutes, not part of a request; one
     # that needs a trained head or adapter joins where the target has one
     names = [s.name for s in all_methods() if s.modality == generator.modality and s.lossless
-             and s.drafter not in (None, "auto", *EVERY_STEP, *OWN_PROCESS) and s.policy == "fixed"
+             and s.drafter not in (None, "auto", *EVERY_STEP, *OWN_PROCESS, *OWN_WINDOW) and s.policy == "fixed"
              and not any(k.name == "datastore" for k in s.knobs) and servable(generator, s)]
     return [n for n in names if SUBSUMED.get(n) not in names]
 

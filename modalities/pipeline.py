@@ -159,7 +159,7 @@ def build_pipeline(generator: Generator, method: str | None, prompts: Sequence[t
         engine = build_target(generator, knobs, engine)
         stats.reports.append(engine.run_summary)
     drafter = make_drafter(generator, spec, knobs, processing, policy, engine)
-    if hasattr(drafter, "verifying_target"):  # a self-draft whose shallow pass verification reuses (Kangaroo)
+    if hasattr(drafter, "verifying_target"):  # verification that serves the drafter too (Kangaroo, PPD)
         verifying = drafter.verifying_target(engine)
         if verifying is not engine:
             engine = verifying
@@ -181,6 +181,10 @@ def make_drafter(generator: Generator, spec: MethodSpec, knobs: dict, processing
         from specgen.modalities.drafters.kangaroo import build_drafter
 
         return build_drafter(generator, knobs, processing, policy)
+    if spec.drafter == "ppd":
+        from specgen.modalities.drafters.ppd import build_drafter as build_ppd
+
+        return build_ppd(generator, knobs)
     if spec.drafter == "del":
         from specgen.modalities.drafters.dynamic_exit import build_drafter as build_del
 
@@ -218,6 +222,8 @@ def servable(generator: Generator, spec: MethodSpec) -> bool:
         from specgen.modalities.drafters.poss import find_poss as find
     elif spec.drafter == "mtp":
         from specgen.modalities.drafters.mtp import find_mtp as find
+    elif spec.drafter == "ppd":
+        from specgen.modalities.drafters.ppd import find_prompts as find
     else:
         return True
     try:

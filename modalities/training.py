@@ -181,6 +181,26 @@ class RunFolder:
             self.metrics.unlink()
         return fresh, None
 
+    def resume_with(self, model, optimizer, fresh: dict, settings: dict, fixed: tuple[str, ...]) -> dict:
+        """`resume` of a checkpoint `save_with` wrote, refused (InvalidRequest) where it was made with other values
+        of the `fixed` settings; returns the training state."""
+        from specgen.errors import InvalidRequest
+
+        def same_settings(saved: dict) -> None:
+            differ = [k for k in fixed if saved["settings"].get(k) != settings.get(k)]
+            if differ:
+                raise InvalidRequest(f"{self.checkpoint} was made with other settings ({', '.join(differ)}); "
+                                     "use another --out")
+
+        return self.resume(model, optimizer, fresh, check=same_settings, weights_only=False)[0]
+
+    def save_with(self, model, optimizer, state: dict, settings: dict) -> None:
+        """The checkpoint `resume_with` reads: weights, optimizer, training state, settings and the torch RNG."""
+        import torch
+
+        self.save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "state": state,
+                              "settings": settings, "torch_rng": torch.get_rng_state()})
+
     def save_checkpoint(self, blob: dict) -> None:
         import torch
 
@@ -299,6 +319,16 @@ def write_readme(folder: Path, lines: list[str]) -> Path:
     path.write_text("\n".join(lines))
     path.chmod(0o644)
     return path
+
+
+def flag_command(prefix: str, cfg, flags: dict[str, str]) -> str:
+    """`prefix --out RUN_DIR` and the flag of every setting in `flags` whose value is not the config's default: the
+    command that makes a trainer's run (recorded in its run folder and card)."""
+    defaults = type(cfg)()
+    parts = [prefix, f"--out {cfg.run_dir}"]
+    parts += [f"{flag} {getattr(cfg, name)}" for name, flag in flags.items()
+              if getattr(cfg, name) is not None and getattr(cfg, name) != getattr(defaults, name)]
+    return " ".join(parts)
 
 
 def card_command(write_card: Callable[[Path], Path], argv: list[str] | None, description: str) -> int:

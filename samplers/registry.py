@@ -419,6 +419,19 @@ register(MethodSpec("early-exit", "text", False,
                                 "decide (and the last, for stops); 'auto': those where held-out tokens leaving saved "
                                 "at least 0.1 layer per token; empty: every layer (the paper's)"))))
 
+# PPD (modalities/drafters/ppd.py, docs/ppd.md): trained prompt tokens in the verification window guess the next
+# step's drafts; served only where they were trained for the target (`specgen train head --method ppd`). Registered
+# after early-exit with no knob of its own: the demo's positional API keeps its order.
+register(MethodSpec("ppd", "text", True,
+                    "PPD, parallel prompt decoding: trained prompt tokens ride in the target's own verification "
+                    "window after every slot and guess the tokens after the next one, which the next step drafts "
+                    "(no draft forward, no second model); exact rejection sampling (greedy match at temperature 0)",
+                    drafter="ppd", rule="chain", paper="Chen et al. 2024, PPD (arXiv 2405.18628)",
+                    # 1 by default: each drafted guess adds a group of that many prompt tokens after every window
+                    # slot, and on the code target deeper guesses are rarely right (benchmarks/ppd/code-latest.md)
+                    knobs=(Knob("num_draft_tokens", int, 1, "the most guesses drafted per step (at most the trained "
+                                "prompt tokens; each adds a prompt token after every window slot)", 1, 16),)))
+
 
 # ---- image and video --------------------------------------------------------------------------
 WINDOW = Knob("window", int, 32, "Jacobi window L: tokens scored per step (the pending token and L-1 drafts)", 2, 256)

@@ -121,9 +121,14 @@ def _head_options(p: argparse.ArgumentParser) -> None:
     p.description = ("Train a draft head that reads the target's own features (EAGLE: one decoder layer over the "
                      "token embedding and the target's last hidden state), on the target's features over its own "
                      "greedy continuations and corpus text; resumable. docs/eagle.md")
-    p.add_argument("--method", choices=("eagle", "poss", "mtp"), required=True,
-                   help="the feature drafter: an EAGLE head, PosS position specialists over one (--base), or "
-                        "FastMTP's module (its own defaults: eagle_config.MTP_DEFAULTS)")
+    p.add_argument("--method", choices=("eagle", "poss", "mtp", "ppd"), required=True,
+                   help="the feature drafter: an EAGLE head, PosS position specialists over one (--base), "
+                        "FastMTP's module (its own defaults: eagle_config.MTP_DEFAULTS), or PPD's prompt tokens "
+                        "(docs/ppd.md; it takes --model, --windows, --prompt-len, --eval-windows, --batch-size, --lr, "
+                        "--warmup, --max-files and the two options below)")
+    p.add_argument("--prompt-tokens", type=int_at_least(1), metavar="M", help="ppd: prompt tokens (default: 3)")
+    p.add_argument("--anchors", type=int_at_least(1), metavar="N",
+                   help="ppd: continuation slots per window given prompt tokens each step (default: 16)")
     p.add_argument("--export", type=Path, metavar="DIR",
                    help="where the head and its card go (default: OUT/export; the shipped ones are assets/code/eagle "
                         "and assets/gemma/eagle)")
@@ -216,11 +221,28 @@ def _train_head(args: argparse.Namespace) -> int:
     from specgen.modalities.text.training.eagle import train_eagle
     from specgen.modalities.text.training.eagle_config import EagleConfig, config_for
 
+    if args.method == "ppd":
+        return _train_ppd(args)
     options = _given(args, *(f.name for f in fields(EagleConfig) if f.name not in ("run_dir", "out", "method")))
     out = args.out or Path("runs") / args.method
     cfg = config_for(args.method, run_dir=str(out), out=str(args.export or out / "export"), **options)
     return _report(train_eagle(cfg), "target", "params", "output_rows", "steps", "before", "after", "train_s",
                    "data_s")
+
+
+def _train_ppd(args: argparse.Namespace) -> int:
+    """`train head --method ppd` (modalities/text/training/ppd.py)."""
+    from specgen.modalities.text.training.ppd import PPDConfig, train_prompts
+
+    options = _given(args, *COMMON, "prompt_tokens", "anchors", "windows", "prompt_len", "eval_windows", "batch_size",
+                     "lr", "warmup")
+    if args.max_files:
+        options["max_files"] = args.max_files
+    out = args.out or Path("runs") / "ppd"
+    cfg = PPDConfig(run_dir=str(out), out=str(args.export or out / "export"),
+                    target=None if args.model in (None, "code") else args.model, **options)
+    return _report(train_prompts(cfg), "target", "params", "steps", "final_loss", "heldout_before", "heldout",
+                   "train_s", "data_s")
 
 
 def _train_image(args: argparse.Namespace) -> int:

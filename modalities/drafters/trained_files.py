@@ -99,6 +99,18 @@ def read_record(path: Path) -> dict:
     return _RECORDS[key]
 
 
+def described_for(model_path: str, folders: list[Path], name: str) -> Path | None:
+    """The first `folder/name` (a `save_described` file) trained on the weights at `model_path`, or None."""
+    if not Path(model_path).is_dir():
+        return None
+    sha = target_sha256(model_path)
+    for folder in folders:
+        path = Path(folder) / name
+        if path.exists() and read_record(path)["config"].get("target_sha256") == sha:
+            return path
+    return None
+
+
 _LOADED: dict[tuple, object] = {}  # per loader and file state (file_stamp)
 
 

@@ -34,8 +34,8 @@ import torch.nn.functional as F
 
 from specgen.errors import InvalidRequest, ModelNotFound
 from specgen.kernels import decode_step
-from specgen.modalities.drafters.trained_files import (load_described, load_once, read_record, save_described,
-                                                        target_sha256)
+from specgen.modalities.drafters.trained_files import (described_for, load_described, load_once, read_record,
+                                                        save_described)
 from specgen.modalities.runtime import llama_runner
 
 CONTINUE, EXIT, STOP = 0, 1, 2  # the controller's actions
@@ -117,12 +117,9 @@ def module_folders(model_path: str) -> list[Path]:
 
 def find_modules(model_path: str) -> Path:
     """The exit-modules file trained on the weights at `model_path`; ModelNotFound naming how to train one."""
-    if Path(model_path).is_dir():
-        sha = target_sha256(model_path)
-        for folder in module_folders(model_path):
-            path = folder / MODULES_FILE
-            if path.exists() and read_record(path)["config"].get("target_sha256") == sha:
-                return path
+    path = described_for(model_path, module_folders(model_path), MODULES_FILE)
+    if path is not None:
+        return path
     raise ModelNotFound(f"method 'early-exit' needs exit heads and controllers trained for the target {model_path} "
                         f"(none in {' or '.join(str(f) for f in module_folders(model_path))}); train them with "
                         "`specgen train adapter --method early-exit --model PATH`")

@@ -11,7 +11,8 @@ import itertools
 import pytest
 import torch
 
-from chain_checks import LeakyRule, Recorder, memo, sampled_fit, save_random_adapter, stopped_chain_proposals
+from chain_checks import (LeakyRule, Recorder, memo, queued_and_alone, sampled_fit, save_random_adapter,
+                          stopped_chain_proposals)
 from tiny_models import HFTable, save_tiny
 from specgen.errors import InvalidRequest, ModelNotFound
 from specgen.modalities.drafters.kangaroo import KangarooAdapter, KangarooDrafter, adapter_path, find_adapter
@@ -225,6 +226,11 @@ def test_verification_reusing_the_shallow_pass_scores_the_same_bits(generator, r
 def test_a_shallow_pass_from_the_wrong_slot_or_layer_fails_the_same_test(generator, bug):
     checked, _ = reuse_run(generator, bug)
     assert checked.same and not any(checked.same)
+
+
+def test_a_served_queue_reusing_the_shallow_pass_gets_what_each_request_gets_alone(generator):
+    served, alone = queued_and_alone(generator, "kangaroo", {"shallow_pass": "reuse", "num_draft_tokens": 4})
+    assert served == alone
 
 
 def test_rows_a_torch_forward_wrote_are_verified_in_full(generator):

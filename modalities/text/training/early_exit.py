@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from specgen.errors import InvalidRequest
 from specgen.modalities.text.early_exit import CONTINUE, EXIT, MODULES_FILE, STOP, ExitModules
 from specgen.modalities.text.training.distill import windows as window_data
-from specgen.modalities.training import (LoopSettings, RunFolder, RunSettings, card_command, progress_bar, run_steps,
-                                         versions, write_readme)
+from specgen.modalities.training import (LoopSettings, RunFolder, RunSettings, card_command, flag_command, progress_bar,
+                                         run_steps, versions, write_readme)
 from specgen.settings import use_threads
 
 THRESHOLDS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
@@ -69,11 +69,7 @@ FLAGS = {"target": "--model", "steps": "--steps", "batch_size": "--batch-size", 
 
 
 def command_line(cfg: EarlyExitConfig) -> str:
-    parts = ["specgen train adapter --method early-exit", f"--out {cfg.run_dir}"]
-    defaults = EarlyExitConfig()
-    parts += [f"{flag} {getattr(cfg, name)}" for name, flag in FLAGS.items()
-              if getattr(cfg, name) is not None and getattr(cfg, name) != getattr(defaults, name)]
-    return " ".join(parts)
+    return flag_command("specgen train adapter --method early-exit", cfg, FLAGS)
 
 
 @dataclass(frozen=True)
@@ -221,13 +217,7 @@ def train_early_exit(cfg: EarlyExitConfig, *, say=_say) -> dict:
     optimizer = torch.optim.AdamW(modules.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     fresh = {"step": 0, "resumed_from": [], "recent_losses": [], "elapsed_s": 0.0}
 
-    def same_settings(saved: dict) -> None:
-        differ = [k for k in FIXED if saved["settings"].get(k) != settings.get(k)]
-        if differ:
-            raise InvalidRequest(f"{run.checkpoint} was made with other settings ({', '.join(differ)}); "
-                                 "use another --out")
-
-    state, _ = run.resume(modules, optimizer, fresh, check=same_settings, weights_only=False)
+    state = run.resume_with(modules, optimizer, fresh, settings, FIXED)
 
     def loss_at(step: int) -> torch.Tensor:
         rows = torch.from_numpy(np.random.default_rng([cfg.seed, step]).choice(len(train.true_token), cfg.batch_size,
@@ -237,8 +227,7 @@ def train_early_exit(cfg: EarlyExitConfig, *, say=_say) -> dict:
         return kl + ce
 
     def checkpoint() -> None:
-        run.save_checkpoint({"model": modules.state_dict(), "optimizer": optimizer.state_dict(), "state": state,
-                             "settings": settings, "torch_rng": torch.get_rng_state()})
+        run.save_with(modules, optimizer, state, settings)
 
     def evaluate(result) -> None:
         modules.eval()

@@ -34,8 +34,8 @@ import torch
 
 from specgen.errors import InvalidRequest
 from specgen.modalities.drafters.kangaroo import AdapterConfig, KangarooAdapter, adapter_path, read_record
-from specgen.modalities.training import (LoopSettings, RunFolder, RunSettings, card_command, progress_bar, run_steps,
-                                         versions, write_readme)
+from specgen.modalities.training import (LoopSettings, RunFolder, RunSettings, card_command, flag_command, progress_bar,
+                                         run_steps, versions, write_readme)
 from specgen.modalities.text.training.distill import windows as window_data
 from specgen.settings import use_threads
 
@@ -72,15 +72,7 @@ FLAGS = {"target": "--model", "exit_layer": "--exit-layer", "steps": "--steps", 
 
 def command_line(cfg: KangarooConfig) -> str:
     """The `specgen train adapter` command that makes this run (non-default settings only)."""
-    parts = ["specgen train adapter --method kangaroo", f"--out {cfg.run_dir}"]
-    defaults = KangarooConfig()
-    for name, flag in FLAGS.items():
-        value = getattr(cfg, name)
-        if value is not None and value != getattr(defaults, name):
-            parts.append(f"{flag} {value}")
-    if cfg.mlp:
-        parts.append("--mlp")
-    return " ".join(parts)
+    return flag_command("specgen train adapter --method kangaroo", cfg, FLAGS) + (" --mlp" if cfg.mlp else "")
 
 
 def target_folder(cfg: KangarooConfig) -> str:
@@ -195,13 +187,7 @@ def train_adapter(cfg: KangarooConfig, *, say=_say) -> dict:
     fresh = {"step": 0, "resumed_from": [], "recent_losses": [], "elapsed_s": 0.0,
              "heldout_before": heldout(target, adapter, evaluation, cfg.prompt_len)}
 
-    def same_settings(saved: dict) -> None:
-        differ = [k for k in FIXED if saved["settings"].get(k) != settings.get(k)]
-        if differ:
-            raise InvalidRequest(f"{run.checkpoint} was made with other settings ({', '.join(differ)}); "
-                                 "use another --out")
-
-    state, _ = run.resume(adapter, optimizer, fresh, check=same_settings, weights_only=False)
+    state = run.resume_with(adapter, optimizer, fresh, settings, FIXED)
 
     def loss_at(step: int) -> torch.Tensor:
         rows = torch.from_numpy(np.random.default_rng([cfg.seed, step]).choice(cfg.windows, cfg.batch_size,
@@ -211,8 +197,7 @@ def train_adapter(cfg: KangarooConfig, *, say=_say) -> dict:
         return kl_to_target(full, draft_logits(target, adapter, train.exit_hidden[rows])).mean()
 
     def checkpoint() -> None:
-        run.save_checkpoint({"model": adapter.state_dict(), "optimizer": optimizer.state_dict(), "state": state,
-                             "settings": settings, "torch_rng": torch.get_rng_state()})
+        run.save_with(adapter, optimizer, state, settings)
 
     def evaluate(result) -> None:
         state["heldout"] = heldout(target, adapter, evaluation, cfg.prompt_len)
