@@ -170,7 +170,7 @@ class PPDDrafter:
         self.group = min(group or prompts.config.count, prompts.config.count)
         # row -> (the position group 0 guesses first, [slots, count] guessed tokens), from the row's last scoring
         self.guesses: dict[int, tuple[int, torch.Tensor]] = {}
-        self.guessed_steps = 0
+        self.guessed_steps = 0  # steps that drafted guesses in some row
 
     def propose(self, ctx: DecodeContext, budget: int) -> Draft:
         width = min(budget, self.group)
@@ -191,7 +191,7 @@ class PPDDrafter:
         return PPDTarget(engine, self)
 
     def run_summary(self) -> dict:
-        return {"prompt_tokens": self.group}
+        return {"prompt_tokens": self.group, "guessed_steps": self.guessed_steps}
 
 
 def build_drafter(generator, knobs: dict) -> PPDDrafter:

@@ -11,6 +11,8 @@ speculative decoding reproduces plain decoding of the served model token for tok
 kernel would tile the window's queries together and change the summation order with the window size. In
 float32 every query of a forward goes through one call of a compiled kernel with that same per-query arithmetic
 (`kernels.query_attention`); elsewhere, or where it cannot build, one `scaled_dot_product_attention` per query.
+`forward_hidden` runs a range of layers over input vectors (a self-draft's or an early exit's cut of the target, or
+input vectors scored by `TransformersTarget.score`); chained ranges give one forward's bits.
 """
 
 from __future__ import annotations
@@ -97,8 +99,19 @@ class GemmaRunner:
         visible) or {layer type: additive [rows, 1, n, width]}. Returns logits [rows, n or logits_to_keep, V].
         Prompts go through the same one-query-at-a-time attention (about 1 ms per prompt token here): a token's
         logits then do not depend on whether its context was prefilled or decoded, or on the other rows."""
-        hidden = self.embed(tokens)  # [rows, n, d]
-        rows, n = tokens.shape
+        hidden = self.forward_hidden(self.embed(tokens), positions, cache, attention_mask)  # [rows, n, d]
+        if self.keep_hidden:
+            self.last_hidden = hidden
+        return self.output(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+
+    @torch.no_grad()
+    def forward_hidden(self, hidden, positions, cache, attention_mask, layers: range | None = None) -> torch.Tensor:
+        """The layers and the final norm over input vectors `hidden` [rows, n, d] (the scaled embeddings, for the
+        first layer); returns [rows, n, d]. `layers`: only these (`hidden` the stream before the first), the final
+        norm only where they end at the last layer: chained ranges give one call's bits (each layer's arithmetic is
+        its own, whatever else the call runs)."""
+        layers = range(len(self.layers)) if layers is None else layers
+        rows, n = hidden.shape[:2]
         # per layer type, the keys each query sees: None (the prefix rule) or a [rows, n, width] bool mask
         visible = {kind: None if attention_mask is None else attention_mask[kind][:, 0] == 0
                    for kind in {layer["type"] for layer in self.layers}}
@@ -109,7 +122,8 @@ class GemmaRunner:
         glue = hidden.dtype == torch.float32 and hidden.device.type == "cpu" and self.uses_glue()
         if glue:
             hidden = hidden.contiguous()
-        for index, layer in enumerate(self.layers):
+        for index in layers:
+            layer = self.layers[index]
             cos, sin = rotary[layer["type"]]
             if glue:  # the same arithmetic in one compiled call (kernels.gemma_layer)
                 q, k, v = gemma_layer.attention_in(hidden, layer, cos, sin, self.heads, self.kv_heads)
@@ -130,10 +144,11 @@ class GemmaRunner:
             gate, up = layer["gate_up"](x).chunk(2, dim=-1)
             mixed = F.gelu(gate, approximate="tanh") * up
             hidden = hidden + _rms_norm(layer["down"](mixed), *layer["norm_post_mlp"])
-        hidden = _rms_norm(hidden, *self.final_norm)
-        if self.keep_hidden:
-            self.last_hidden = hidden
-        logits = self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+        return _rms_norm(hidden, *self.final_norm) if layers.stop == len(self.layers) else hidden
+
+    def output(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of final-normed states [rows, n, d]: the output layer, soft-capped where the model caps them."""
+        logits = self.lm_head(hidden)
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits

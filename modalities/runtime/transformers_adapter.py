@@ -252,14 +252,14 @@ class TransformersTarget:
     def _forward(self, tokens, positions, rows, window_mask, logits_to_keep=0, valid=None):
         """tokens/positions: [rows, n]; window_mask: [rows, n, n] bool (slot attends to slot), None for a causal
         window; valid: [rows] real slots of a ragged causal window (the compiled step skips the padding). Float
-        `tokens` [rows, n, d] are input vectors (an EAGLE head's fused inputs): the result is then the final-normed
-        hidden states, not logits (Llama runner only)."""
+        `tokens` [rows, n, d] are input vectors (an EAGLE head's fused inputs, PPD's prompt tokens): the result is then
+        the final-normed hidden states, not logits (our Llama and Gemma 3 runners)."""
         self.forward_calls += 1
         n = tokens.shape[1]
         width = self.cache.begin(rows, n)
         if tokens.is_floating_point():
             if not hasattr(self.runner, "forward_hidden"):
-                raise InvalidRequest("scoring input vectors needs a Llama-architecture model")
+                raise InvalidRequest("scoring input vectors needs a Llama or Gemma 3 model (our runners)")
             run = lambda mask, **window: self.runner.forward_hidden(tokens, positions, self.cache, mask, **window)  # noqa: E731
         elif self.runner is not None:
             run = lambda mask, **window: self.runner.forward(  # noqa: E731

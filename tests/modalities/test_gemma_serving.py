@@ -88,6 +88,33 @@ def test_windows_score_bitwise_as_plain_decoding_when_served_int8():
     assert window_mismatches(model) == 0  # sliding window 8 is crossed many times over 40 tokens
 
 
+def test_layer_ranges_and_input_vectors_give_a_whole_forwards_bits():
+    """The runner's per-layer entry (what a self-draft or an early exit cuts the target at): chained layer ranges, and
+    the scaled embeddings scored as input vectors, give the logits of one whole forward bit for bit."""
+    model = quantize_model(tiny_gemma3(2))
+    tokens = torch.randint(0, model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(3))
+    positions = torch.arange(12)[None]
+    whole = TransformersTarget(model)
+    whole.prefill([tokens[0, :1]])
+    runner, layers, masks = whole.runner, len(whole.runner.layers), []
+    forward = runner.forward
+    runner.forward = lambda *args, **kwargs: masks.append(args[3]) or forward(*args, **kwargs)  # the masks it gets
+    expected = whole.score(tokens[:, 1:], positions[:, 1:], ROW)  # 11 slots: the sliding window (8) is crossed
+    for cuts in ((0, 1, layers), (0, layers // 2, layers - 1, layers)):
+        target = TransformersTarget(model)
+        target.prefill([tokens[0, :1]])
+        target.cache.begin(ROW, 11)
+        hidden = runner.embed(tokens[:, 1:])
+        for first, last in zip(cuts, cuts[1:]):
+            hidden = runner.forward_hidden(hidden, positions[:, 1:], target.cache, masks[0],
+                                           layers=range(first, last))
+        assert torch.equal(runner.output(hidden), expected)
+    vectors = TransformersTarget(model)
+    vectors.prefill([tokens[0, :1]])
+    hidden = vectors.score(runner.embed(tokens[:, 1:]), positions[:, 1:], ROW)
+    assert torch.equal(runner.output(hidden), expected)
+
+
 def test_dense_layers_fail_the_same_invariance_test():
     """Negative control: the same runner over dense fp32 layers changes logits with the window size."""
     assert window_mismatches(tiny_gemma3()) > 0
