@@ -17,10 +17,12 @@ turn into an exact 0.0 added to the residual (docs/self_speculation.md).
 Verification. The target scores the pending token and the drafts in one window, as for any drafter; the rule
 (`ChainRejection`, greedy matching at temperature 0) makes the output the target's. The draft already ran the
 target's first ℓ layers for the pending token and every drafted token but the last, at the slots verification
-scores them and with the same compiled arithmetic, so verification takes those slots' keys and values in layers
-< ℓ and their stream after layer ℓ from the draft (`shallow_pass.ShallowPassTarget`, bit for bit what it would
-compute; where that cannot be vouched for it verifies in full). Exactness never depends on the draft's own law:
-`draft_probs` is the law each drafted token was drawn from.
+scores them and with the same compiled arithmetic; with `shallow_pass reuse` verification takes those slots' keys
+and values in layers < ℓ and their stream after layer ℓ from the draft (`shallow_pass.ShallowPassTarget`, bit for
+bit what it would compute; where that cannot be vouched for it verifies in full). The default recomputes them: on
+this CPU a layer costs about the same over a window as over one slot, and reuse measured no faster
+(docs/self_speculation.md). Exactness never depends on the draft's own law: `draft_probs` is the law each drafted
+token was drawn from.
 """
 
 from __future__ import annotations
