@@ -43,6 +43,12 @@ class LeakyRule(ChainRejection):
         return super().__call__(draft, leaked, noise)
 
 
+def real_slots(tokens, valid) -> torch.Tensor:
+    """[rows, n] bool: a scored window's real slots (`valid` [rows] for a ragged one, None: every slot)."""
+    n = tokens.shape[1]
+    return torch.arange(n) < (torch.full((tokens.shape[0], 1), n) if valid is None else valid[:, None])
+
+
 def queued_and_alone(generator, method: str, params: dict | None = None, new_tokens: int = 16):
     """(what each of five prompts got when two batch rows were refilled from a queue as requests finished, as
     `serve` and `batch --rows` do; what each gets from plain decoding alone), by prompt index."""

@@ -64,6 +64,13 @@ class PromptTokens(torch.nn.Module):
             prompts.vectors.copy_(embed.mean(0).expand(count, -1))
         return prompts
 
+    def window(self, embeds: torch.Tensor, groups: int, count: int) -> torch.Tensor:
+        """[b, t + groups * count, d]: a window's input vectors, its tokens' `embeds` [b, t, d] followed by `groups`
+        groups of the first `count` prompt tokens (`layout`'s slot order)."""
+        vectors = self.vectors[:count]
+        grouped = vectors.expand(embeds.shape[0], groups, count, -1).reshape(embeds.shape[0], groups * count, -1)
+        return torch.cat([embeds, grouped.to(embeds.dtype)], 1)
+
     def save(self, path: Path, record: dict | None = None) -> Path:
         return save_described(path, self, self.config, record)
 
@@ -142,11 +149,9 @@ class PPDTarget:
               logits_to_keep: int = 0) -> torch.Tensor:
         if tree_mask is not None or logits_to_keep or tokens.is_floating_point():
             return self.engine.score(tokens, positions, rows, tree_mask, valid, logits_to_keep)
-        runner, vectors = self.engine.runner, self.drafter.prompts.vectors.detach()[:self.drafter.group]
-        (batch, slots), count = tokens.shape, vectors.shape[0]
+        runner, (batch, slots), count = self.engine.runner, tokens.shape, self.drafter.group
         offsets, visible = layout(slots, tuple(range(slots)), count)
-        prompts = vectors.expand(batch, slots, count, -1).reshape(batch, slots * count, -1)
-        inputs = torch.cat([F.embedding(tokens, runner.embed), prompts.to(runner.embed.dtype)], 1)  # [rows, N, d]
+        inputs = self.drafter.prompts.window(F.embedding(tokens, runner.embed), slots, count)  # [rows, N, d]
         hidden = self.engine.score(inputs, positions[:, :1] + offsets, rows, visible.expand(batch, -1, -1))
         logits = runner.output(hidden)  # [rows, N, vocab]
         guessed = logits[:, slots:].argmax(-1).view(batch, slots, count)  # [rows, slots, count]

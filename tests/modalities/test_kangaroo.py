@@ -11,7 +11,7 @@ import itertools
 import pytest
 import torch
 
-from chain_checks import (LeakyRule, Recorder, memo, queued_and_alone, sampled_fit, save_random_adapter,
+from chain_checks import (LeakyRule, Recorder, memo, queued_and_alone, real_slots, sampled_fit, save_random_adapter,
                           stopped_chain_proposals)
 from tiny_models import HFTable, save_tiny
 from specgen.errors import InvalidRequest, ModelNotFound
@@ -175,8 +175,7 @@ class CheckedReuse(ShallowPassTarget):
         before = self.reused_slots
         scored = super().score(tokens, positions, rows, tree_mask, valid, logits_to_keep)
         if self.reused_slots > before:  # real slots only: a ragged window's padding is never read
-            real = torch.arange(tokens.shape[1]) < (torch.full((len(rows), 1), tokens.shape[1]) if valid is None
-                                                    else valid[:, None])  # [rows, n]
+            real = real_slots(tokens, valid)
             full = self.engine.score(tokens, positions, rows, tree_mask, valid, logits_to_keep)
             self.same.append(torch.equal(scored[real], full[real]))
             self.ragged += valid is not None

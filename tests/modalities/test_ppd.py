@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chain_checks import LeakyRule, Recorder, queued_and_alone, sampled_fit
+from chain_checks import LeakyRule, Recorder, queued_and_alone, real_slots, sampled_fit
 from tiny_models import HFTable, save_tiny
 from specgen.errors import InvalidRequest, ModelNotFound
 from specgen.modalities.drafters.ppd import PROMPTS_FILE, PPDDrafter, PPDTarget, PromptTokens, layout
@@ -123,8 +123,7 @@ class CheckedWindow(PPDTarget):
 
     def score(self, tokens, positions, rows, tree_mask=None, valid=None, logits_to_keep=0):
         scored = super().score(tokens, positions, rows, tree_mask, valid, logits_to_keep)
-        real = torch.arange(tokens.shape[1]) < (torch.full((len(rows), 1), tokens.shape[1]) if valid is None
-                                                else valid[:, None])  # [rows, n]
+        real = real_slots(tokens, valid)  # a ragged window's padding is never read
         plain = self.engine.score(tokens, positions, rows, tree_mask, valid, logits_to_keep)
         self.same.append(torch.equal(scored[real], plain[real]))
         return scored

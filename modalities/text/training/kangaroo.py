@@ -41,25 +41,32 @@ from specgen.settings import use_threads
 
 
 @dataclass(kw_only=True)
-class KangarooConfig(RunSettings):
-    run_dir: str = "runs/kangaroo"
-    out: str | None = None  # where the adapter and its card go (None: <run_dir>/export; `--export DIR`)
+class ContinuationSettings(RunSettings):
+    """The settings of a trainer on the target's own greedy continuations (`greedy_data`; Kangaroo's, PPD's): the
+    target, the windows and their held-out twins, and how often the loop logs and evaluates."""
+
     target: str | None = None  # a target model folder (None: the shipped code target)
-    exit_layer: int = 1
-    mlp: bool = False  # a full decoder layer instead of the paper's attention-only adapter
-    steps: int = 800
-    batch_size: int = 16
     windows: int = 2048
     prompt_len: int = 32
     new_tokens: int = 64
-    lr: float = 1e-3
-    warmup: int = 20
     data_seed: int = 0
     eval_windows: int = 64
     max_files: int | None = None
     cache_dir: str | None = None
     log_every: int = 10
     eval_every: int = 100
+
+
+@dataclass(kw_only=True)
+class KangarooConfig(ContinuationSettings):
+    run_dir: str = "runs/kangaroo"
+    out: str | None = None  # where the adapter and its card go (None: <run_dir>/export; `--export DIR`)
+    exit_layer: int = 1
+    mlp: bool = False  # a full decoder layer instead of the paper's attention-only adapter
+    steps: int = 800
+    batch_size: int = 16
+    lr: float = 1e-3
+    warmup: int = 20
 
 
 # settings a resumed run must share with its checkpoint
@@ -75,7 +82,7 @@ def command_line(cfg: KangarooConfig) -> str:
     return flag_command("specgen train adapter --method kangaroo", cfg, FLAGS) + (" --mlp" if cfg.mlp else "")
 
 
-def target_folder(cfg: KangarooConfig) -> str:
+def target_folder(cfg: ContinuationSettings) -> str:
     from specgen.modalities.text.generator import shipped_code_pair
 
     return cfg.target if cfg.target not in (None, "code") else shipped_code_pair()[0]
@@ -84,13 +91,23 @@ def target_folder(cfg: KangarooConfig) -> str:
 # ---- data: the target's greedy continuations and its states on them ------------------------------------------
 
 
-def greedy_windows(target, tokenizer, cfg: KangarooConfig, split: str, count: int, seed: int, cache: Path):
+def greedy_windows(target, tokenizer, cfg: ContinuationSettings, split: str, count: int, seed: int, cache: Path):
     """[count, prompt_len + new_tokens] corpus prompts of `split` continued greedily by the target (cached)."""
     stream = window_data.corpus_stream(tokenizer, split, cfg.max_files, cache)
     prompts = window_data.corpus_windows(stream, count, cfg.prompt_len, cfg.new_tokens, seed)
     key = hashlib.sha256(json.dumps([split, count, cfg.prompt_len, cfg.new_tokens, seed, cfg.max_files,
                                      int(stream.size)]).encode()).hexdigest()[:12]
     return window_data.target_windows(target, prompts, cfg.new_tokens, 0.0, seed, cache / f"kangaroo-greedy-{key}")
+
+
+def greedy_data(target, tokenizer, cfg: ContinuationSettings, path: str, name: str, say) -> tuple:
+    """(train, held-out) token windows [n, prompt_len + new_tokens]: `cfg.windows` train-split and
+    `cfg.eval_windows` validation-split prompts continued greedily by the target (cached beside its weights)."""
+    cache = window_data.cache_folder(path, cfg.cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    say(f"{name}: greedy continuations of {cfg.windows} train and {cfg.eval_windows} held-out prompts")
+    return (greedy_windows(target, tokenizer, cfg, "train", cfg.windows, cfg.data_seed, cache).tokens,
+            greedy_windows(target, tokenizer, cfg, "val", cfg.eval_windows, cfg.data_seed + 1, cache).tokens)
 
 
 @dataclass(frozen=True)
@@ -174,14 +191,10 @@ def train_adapter(cfg: KangarooConfig, *, say=_say) -> dict:
     run = RunFolder(cfg.run_dir)
     settings = dataclasses.asdict(cfg)
     run.record("run.json", {"command": command_line(cfg), "config": settings, "target": path, **versions()})
-    cache = window_data.cache_folder(path, cfg.cache_dir)
-    cache.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
-    say(f"kangaroo: greedy continuations of {cfg.windows} train and {cfg.eval_windows} held-out prompts")
-    train_windows = greedy_windows(target, tokenizer, cfg, "train", cfg.windows, cfg.data_seed, cache)
-    eval_windows = greedy_windows(target, tokenizer, cfg, "val", cfg.eval_windows, cfg.data_seed + 1, cache)
-    train = target_features(target, train_windows.tokens, cfg.exit_layer)
-    evaluation = target_features(target, eval_windows.tokens, cfg.exit_layer)
+    train_tokens, eval_tokens = greedy_data(target, tokenizer, cfg, path, "kangaroo", say)
+    train = target_features(target, train_tokens, cfg.exit_layer)
+    evaluation = target_features(target, eval_tokens, cfg.exit_layer)
     data_s = time.perf_counter() - began
     optimizer = torch.optim.AdamW(adapter.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     fresh = {"step": 0, "resumed_from": [], "recent_losses": [], "elapsed_s": 0.0,

@@ -1,7 +1,7 @@
 """`specgen train head --method ppd`: PPD's prompt tokens (modalities/drafters/ppd.py) for a frozen Llama target,
 trained on its own greedy continuations, resumably.
 
-Data: the Kangaroo trainer's (`kangaroo.greedy_windows`): prompts of `prompt_len` tokens from the code corpus the
+Data: the Kangaroo trainer's (`kangaroo.greedy_data`): prompts of `prompt_len` tokens from the code corpus the
 target was trained on (train split; validation split for the held-out numbers), each continued greedily by the target
 for `new_tokens` tokens, cached. Each step takes `batch_size` windows and `anchors` continuation slots, and puts a group
 of prompt tokens after each of those slots (`ppd.layout`, the serving layout): one forward of the frozen target over
@@ -35,32 +35,23 @@ from specgen.errors import InvalidRequest
 from specgen.modalities.drafters.ppd import PROMPTS_FILE, PromptTokens, layout
 from specgen.modalities.drafters.trained_files import read_record
 from specgen.modalities.text.training.distill import windows as window_data
-from specgen.modalities.text.training.kangaroo import greedy_windows, kl_to_target, target_folder
-from specgen.modalities.training import (LoopSettings, RunFolder, RunSettings, card_command, flag_command, progress_bar,
-                                         run_steps, versions, write_readme)
+from specgen.modalities.text.training.kangaroo import ContinuationSettings, greedy_data, kl_to_target, target_folder
+from specgen.modalities.training import (LoopSettings, RunFolder, card_command, flag_command, progress_bar, run_steps,
+                                         versions, write_readme)
 from specgen.settings import use_threads
 
 
 @dataclass(kw_only=True)
-class PPDConfig(RunSettings):
+class PPDConfig(ContinuationSettings):
     run_dir: str = "runs/ppd"
     out: str | None = None  # where the prompt tokens and their card go (None: <run_dir>/export; `--export DIR`)
-    target: str | None = None  # a Llama target model folder (None: the shipped code target)
     prompt_tokens: int = 3
     steps: int = 300
     batch_size: int = 8
     anchors: int = 16  # continuation slots per window given a group of prompt tokens each step
     windows: int = 1024
-    prompt_len: int = 32
-    new_tokens: int = 64
     lr: float = 1e-2
     warmup: int = 20
-    data_seed: int = 0
-    eval_windows: int = 64
-    max_files: int | None = None
-    cache_dir: str | None = None
-    log_every: int = 10
-    eval_every: int = 100
 
 
 # settings a resumed run must share with its checkpoint
@@ -83,8 +74,7 @@ def guess_logits(target, prompts: PromptTokens, tokens: torch.Tensor, anchors: t
     b, t = tokens.shape
     count = prompts.config.count
     offsets, visible = layout(t, anchors, count)
-    embeds = torch.cat([target.get_input_embeddings()(tokens),
-                        prompts.vectors.expand(b, len(anchors), count, -1).reshape(b, len(anchors) * count, -1)], 1)
+    embeds = prompts.window(target.get_input_embeddings()(tokens), len(anchors), count)
     logits = target(inputs_embeds=embeds, position_ids=offsets.expand(b, -1),
                     attention_mask=visible[None, None].expand(b, 1, -1, -1)).logits.float()
     return logits[:, :t], logits[:, t:].view(b, len(anchors), count, -1).transpose(1, 2)
@@ -155,12 +145,8 @@ def train_prompts(cfg: PPDConfig, *, say=_say) -> dict:
     run = RunFolder(cfg.run_dir)
     settings = dataclasses.asdict(cfg)
     run.record("run.json", {"command": command_line(cfg), "config": settings, "target": path, **versions()})
-    cache = window_data.cache_folder(path, cfg.cache_dir)
-    cache.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
-    say(f"ppd: greedy continuations of {cfg.windows} train and {cfg.eval_windows} held-out prompts")
-    train = greedy_windows(target, tokenizer, cfg, "train", cfg.windows, cfg.data_seed, cache).tokens
-    evaluation = greedy_windows(target, tokenizer, cfg, "val", cfg.eval_windows, cfg.data_seed + 1, cache).tokens
+    train, evaluation = greedy_data(target, tokenizer, cfg, path, "ppd", say)
     data_s = time.perf_counter() - began
     optimizer = torch.optim.AdamW(prompts.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     fresh = {"step": 0, "resumed_from": [], "recent_losses": [], "elapsed_s": 0.0,
