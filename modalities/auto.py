@@ -64,7 +64,7 @@ def candidate_names(generator, knobs: dict) -> list[str]:
 
 def _lengths(generator, spec, knobs: dict, default: int) -> tuple[int, ...]:
     if spec.rule == "tree" or not hasattr(generator, "auto_lengths"):
-        fixed = spec.rule == "tree" or (spec.drafter or "").startswith(("jacobi-", "eagle", "poss", "mtp"))
+        fixed = spec.rule == "tree" or (spec.drafter or "").startswith(("jacobi-", "eagle", "poss", "mtp", "falcon"))
         return (default,) if fixed else chain_lengths(default, MAX_CHAIN)
     return generator.auto_lengths(spec, knobs, default)
 

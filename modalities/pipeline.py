@@ -201,6 +201,10 @@ def make_drafter(generator: Generator, spec: MethodSpec, knobs: dict, processing
         from specgen.modalities.drafters.mtp import build_drafter as build_mtp
 
         return build_mtp(generator, knobs, processing, policy, engine)
+    if spec.drafter == "falcon":
+        from specgen.modalities.drafters.falcon import build_drafter as build_falcon
+
+        return build_falcon(generator, knobs, processing, policy, engine)
     if spec.drafter == "tree-eagle2" and knobs.get("head", "model") != "model":  # EAGLE-2's tree over a feature head
         from specgen.modalities.drafters.head_tree import build_drafter as build_head_tree
 
@@ -222,6 +226,8 @@ def servable(generator: Generator, spec: MethodSpec) -> bool:
         from specgen.modalities.drafters.poss import find_poss as find
     elif spec.drafter == "mtp":
         from specgen.modalities.drafters.mtp import find_mtp as find
+    elif spec.drafter == "falcon":
+        from specgen.modalities.drafters.falcon import find_falcon as find
     elif spec.drafter == "ppd":
         from specgen.modalities.drafters.ppd import find_prompts as find
     else:

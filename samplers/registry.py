@@ -431,6 +431,14 @@ register(MethodSpec("ppd", "text", True,
                     # slot, and on the code target deeper guesses are rarely right (benchmarks/ppd/code-latest.md)
                     knobs=(Knob("num_draft_tokens", int, 1, "the most guesses drafted per step (at most the trained "
                                 "prompt tokens; each adds a prompt token after every window slot)", 1, 16),)))
+# Falcon (modalities/drafters/falcon.py, docs/eagle.md): the EAGLE head's chain drafted a block of tokens per head
+# forward; served only where a head was trained for the target. Registered last (the demo's positional API).
+register(MethodSpec("falcon", "text", True,
+                    "Falcon: a semi-autoregressive one-layer head over the target's own features drafts a block of "
+                    "tokens (2 as trained) per forward, its pairs seeing their whole block, trained with glancing "
+                    "distillation on its own predictions; exact rejection sampling (greedy match at temperature 0)",
+                    drafter="falcon", rule="chain", paper="Gao et al. 2025, Falcon (arXiv 2412.12639)",
+                    knobs=(NUM_DRAFT_TOKENS, OUTPUT_ROWS)))
 
 
 # ---- image and video --------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Helpers shared by the feature drafters' tests (test_eagle_text.py, test_poss.py, test_mtp.py, test_head_tree.py): a
+"""Helpers shared by the feature drafters' tests (test_eagle_text.py, test_poss.py, test_mtp.py, test_head_tree.py,
+test_falcon.py): a
 head fitted for a few seconds to a tiny target's features, the draft's law computed the reference way, the largest
 gap between a run's reported draft laws and that reference, and the exact-enumeration oracle over the head's
 chains."""
@@ -14,15 +15,18 @@ from specgen.samplers.processing import Processing
 PROMPT = "abc abc abc (x"
 
 
-def fitted_head(model, folder, vocab_ids=None, seed=3, steps=100, mtp=False, kinds=None):
+def fitted_head(model, folder, vocab_ids=None, seed=3, steps=100, mtp=False, kinds=None, falcon=False):
     """A head fitted for a few seconds to the target's features on random text (so drafts are often accepted and
     the sampled test exercises acceptance), saved where the target's heads are looked up; `mtp`: a FastMTP module
     (its input norms started away from 1, so a drafter that drops them drafts another law) saved in folder/mtp
-    with per-kind vocabularies `kinds`."""
+    with per-kind vocabularies `kinds`; `falcon`: a Falcon head (blocks of 2 under the block mask, pair t predicting
+    f_{t+1}) saved in folder/falcon."""
+    from specgen.modalities.drafters.falcon import FalconHead, block_visible, load_falcon
     from specgen.modalities.drafters.mtp import MtpHead, load_mtp
 
     torch.manual_seed(seed)
-    head = (MtpHead if mtp else TextEagleHead).for_target(model, intermediate_size=48, heads=4, kv_heads=1)
+    kind = MtpHead if mtp else FalconHead if falcon else TextEagleHead
+    head = kind.for_target(model, intermediate_size=48, heads=4, kv_heads=1)
     if mtp:
         with torch.no_grad():
             head.embed_norm.weight.uniform_(0.3, 2.0)
@@ -34,11 +38,15 @@ def fitted_head(model, folder, vocab_ids=None, seed=3, steps=100, mtp=False, kin
     weight = output.dequantized() if hasattr(output, "dequantized") else output.weight.detach()
     rows = lambda x: torch.nn.functional.linear(x, weight)  # noqa: E731 - float rows: the law term has a gradient
     optimizer = torch.optim.Adam(head.parameters(), lr=3e-3)
-    for _ in range(steps):
+    for step in range(steps):
         pick = torch.randint(0, len(ids), (32,))
         wanted = features[pick, 1:]  # pair t = (x_t, f_{t-1}) predicts f_t
         positions = torch.arange(1, 16).expand(32, -1)
-        predicted = head(model.model.embed_tokens(ids[pick, 1:]), features[pick, :-1], positions)
+        pairs = model.model.embed_tokens(ids[pick, 1:]), features[pick, :-1], positions
+        if falcon:  # pair t predicts f_{t+1}, its block of 2 visible
+            wanted, predicted = features[pick, 2:], head(*pairs, 1, block_visible(15, 2, step % 2))[:, :14]
+        else:
+            predicted = head(*pairs)
         law = torch.softmax(rows(wanted), -1)
         cross_entropy = -(law * rows(predicted).log_softmax(-1)).sum(-1).mean()
         loss = torch.nn.functional.smooth_l1_loss(predicted, wanted) + cross_entropy
@@ -49,6 +57,9 @@ def fitted_head(model, folder, vocab_ids=None, seed=3, steps=100, mtp=False, kin
     if mtp:
         head.save(folder / "mtp", str(folder), vocab_ids, record, kinds)
         return load_mtp(folder / "mtp")[:2]
+    if falcon:
+        head.save(folder / "falcon", str(folder), vocab_ids, record)
+        return load_falcon(folder / "falcon")
     head.save(folder / "eagle", str(folder), vocab_ids, record)
     return load_head(folder / "eagle")
 
@@ -78,8 +89,44 @@ class HeadLaw:
         return rows(out[None])[0].double()
 
 
-def law_errors(generator, model, head, stale=False, method="eagle", draft_tokens=3, **options):
-    """Largest gap between every reported draft law of a two-row run of `method` and `head`'s law at that context."""
+class FalconLaw:
+    """A Falcon head's draft logits computed the reference way: the target's features from one transformers forward
+    over the context, then the head module over the whole pair sequence — the true pairs (x_t, f_{t-1}), then each
+    drafted block's pairs on the outputs that gave their laws — under a mask where the last `block` true pairs form
+    one block and each drafted block another (`relaxed` False: plain causal, the mask a drafter forgetting the blocks
+    would use). Drafted token n's law: block n // k's output n % k (zero, a uniform law, for a context with fewer
+    true pairs than a block)."""
+
+    def __init__(self, model, head, vocab_ids=None, relaxed=True):
+        self.model, self.head, self.vocab_ids, self.relaxed = model, head, vocab_ids, relaxed
+
+    @torch.no_grad()
+    def logits(self, context, drafted=()):
+        k, context, drafted = self.head.block, list(context), list(drafted)
+        features = self.model.model(input_ids=torch.tensor([context])).last_hidden_state[0].float()  # [L, d]
+        pairs = len(context) - 1
+        tokens, previous = context[1:], features[:-1]  # pair t = (x_t, f_{t-1}), t = 1..L-1
+        blocks = [-1] * max(pairs - k, 0) + [0] * min(k, pairs)  # block ids; -1: a pair of its own (causal)
+        out = torch.zeros(k, features.shape[1]) if pairs < k else None
+        for b in range(len(drafted) // k + 1):
+            if b > 0:  # block b's pairs: the tokens block b - 1 drafted, on its outputs
+                tokens, previous = tokens + drafted[(b - 1) * k:b * k], torch.cat([previous, out])
+                blocks += [b] * k
+            if b > 0 or pairs >= k:
+                embed = self.model.model.embed_tokens(torch.tensor([tokens])).float()
+                ids = torch.tensor(blocks)
+                order = torch.where(ids < 0, torch.arange(len(blocks)) - len(blocks), ids)  # singletons: causal
+                visible = order[None, :] <= order[:, None] if self.relaxed else torch.ones(
+                    len(blocks), len(blocks), dtype=torch.bool).tril()
+                hidden = self.head(embed, previous[None], torch.arange(1, len(tokens) + 1)[None], 1, visible)[0]
+                out = hidden[-k:]
+        rows = output_layer(self.model, self.vocab_ids)
+        return rows(out[len(drafted) % k][None])[0].double()
+
+
+def law_errors(generator, model, head, stale=False, method="eagle", draft_tokens=3, reference=None, **options):
+    """Largest gap between every reported draft law of a two-row run of `method` and `head`'s law at that context
+    (`reference`: the law's computation, default `HeadLaw`)."""
     pipeline = generator.pipeline(method, [generator.encode(PROMPT)], max_new_tokens=20,
                                   params={"num_draft_tokens": draft_tokens}, sampling=options)
     if stale:  # bug: verification's features are never stored (the head reads what the prefill left)
@@ -88,7 +135,7 @@ def law_errors(generator, model, head, stale=False, method="eagle", draft_tokens
     recorder = Recorder(pipeline.drafter)
     pipeline.drafter = recorder
     list(pipeline.run([generator.encode(PROMPT), generator.encode("ab (")]))
-    reference, worst = HeadLaw(model, head), 0.0
+    reference, worst = reference or HeadLaw(model, head), 0.0
     for contexts, draft in recorder.seen:
         for row, context in enumerate(contexts):
             for slot in range(draft.length):
@@ -97,11 +144,11 @@ def law_errors(generator, model, head, stale=False, method="eagle", draft_tokens
     return worst
 
 
-def enumeration_gap(model, head, rule, chain: int, prompt=(0, 2, 3), new_tokens: int = 3) -> float:
+def enumeration_gap(model, head, rule, chain: int, prompt=(0, 2, 3), new_tokens: int = 3, reference=None) -> float:
     """Largest gap between the output law of `rule` over every `chain`-token chain `head` can propose (its
     reference law, temperature 1, top-k 2) and the target's exact joint of `new_tokens` tokens after `prompt`."""
     processing = Processing(temperature=1.0, top_k=2)
-    reference, cache = HeadLaw(model, head), {}
+    reference, cache = reference or HeadLaw(model, head), {}
 
     def law(prefix, drafted):
         if (prefix, drafted) not in cache:

@@ -121,9 +121,10 @@ def _head_options(p: argparse.ArgumentParser) -> None:
     p.description = ("Train a draft head that reads the target's own features (EAGLE: one decoder layer over the "
                      "token embedding and the target's last hidden state), on the target's features over its own "
                      "greedy continuations and corpus text; resumable. docs/eagle.md")
-    p.add_argument("--method", choices=("eagle", "poss", "mtp", "ppd"), required=True,
+    p.add_argument("--method", choices=("eagle", "poss", "mtp", "falcon", "ppd"), required=True,
                    help="the feature drafter: an EAGLE head, PosS position specialists over one (--base), "
-                        "FastMTP's module (its own defaults: eagle_config.MTP_DEFAULTS), or PPD's prompt tokens "
+                        "FastMTP's module (its own defaults: eagle_config.MTP_DEFAULTS), Falcon's semi-"
+                        "autoregressive head (eagle_config.FALCON_DEFAULTS), or PPD's prompt tokens "
                         "(docs/ppd.md; it takes --model, --windows, --prompt-len, --eval-windows, --batch-size, --lr, "
                         "--warmup, --max-files and the two options below)")
     p.add_argument("--prompt-tokens", type=int_at_least(1), metavar="M", help="ppd: prompt tokens (default: 3)")

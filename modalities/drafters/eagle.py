@@ -73,15 +73,24 @@ class TextEagleHead(EagleHead):
     def layer(self, index: int):
         return self.body
 
+    record_file = RECORD_FILE
+
+    def record_fields(self) -> dict:
+        """What the record adds to the training summary beside the target's identity (a kind of head's own)."""
+        return {}
+
+    def write_card(self, folder: Path, record: dict) -> None:
+        write_card(folder, record)
+
     def save(self, folder: Path, target_folder: str, vocab_ids: torch.Tensor | None, record: dict) -> Path:
         from specgen.modalities.text.training.distill.windows import model_sha256
 
         def extra(tmp: Path):
             if vocab_ids is not None:
                 (tmp / VOCAB_FILE).write_text(json.dumps([int(i) for i in vocab_ids]))
-            (tmp / RECORD_FILE).write_text(json.dumps({**record, "target_sha256": model_sha256(target_folder)},
-                                                      indent=1))
-            write_card(tmp, record)
+            (tmp / self.record_file).write_text(json.dumps(
+                {**record, **self.record_fields(), "target_sha256": model_sha256(target_folder)}, indent=1))
+            self.write_card(tmp, record)
 
         return super().save(folder, add_files=extra)
 
@@ -190,7 +199,8 @@ class EagleDrafter:
         (`length_schedule` svip or kangaroo: `stop(law, previous_law, index)`, asked before each drafted token after
         the first, on the head's temperature-1 laws), as for a draft model. A FastMTP module (`input_norms`) has its
         two RMSNorms' weights folded into fc's columns here and the unit RMS taken in `_pairs`."""
-        method = "poss" if hasattr(head, "specialists") else "mtp" if hasattr(head, "input_norms") else "eagle"
+        method = getattr(head, "method", None) or ("poss" if hasattr(head, "specialists") else
+                                                    "mtp" if hasattr(head, "input_norms") else "eagle")
         if target.runner is None:
             raise InvalidRequest(f"method '{method}' needs a Llama or Gemma 3 target (its features come from our "
                                  "runner)")

@@ -66,7 +66,10 @@ def default_method(model: str | None, draft: str | None) -> str:
 # 5fa71d4:benchmarks/draft-length-code-20261202T1506Z.md).
 # Verifying 13 tokens costs this small target about twice a plain step, so long drafts pay; Gemma's output layer
 # makes them cost more there.
-CODE_DRAFT_LENGTHS = {"ngram": 12, "draft": 8, "draft-lookup": 8, "eagle": 8, "poss": 8, "mtp": 8, "parallel": 8}
+# Falcon's 4 (two blocks): the fastest of 4-12 on the bench prompts (benchmarks/falcon/tune-latest.md); its second
+# token per block is right less often than the first, so its chains pay for less depth than eagle's.
+CODE_DRAFT_LENGTHS = {"ngram": 12, "draft": 8, "draft-lookup": 8, "eagle": 8, "poss": 8, "mtp": 8, "parallel": 8,
+                      "falcon": 4}
 
 
 EXAMPLE_PROMPTS = {"gemma": "The old bridge over the river was", "code": "def fibonacci(n):\n"}
@@ -97,7 +100,7 @@ def knob_defaults(model: str | None, spec) -> dict:
         if spec.name in ("stand", "rest", "dresd", "consensus"):  # every verified slot costs Gemma's 262k-token
             preferred["tree_budget"] = 4  # output layer: small model-free trees (docs/model_free.md)
         # 4,096 of the head's 16,384 rows agree with Gemma as often (docs/eagle.md); eagle2 reads them with a head
-        if spec.name in ("eagle", "poss", "mtp", "eagle2"):
+        if spec.name in ("eagle", "poss", "mtp", "eagle2", "falcon"):
             preferred["output_rows"] = gemma.EAGLE_OUTPUT_ROWS
         return preferred
     if spec.name in CODE_DRAFT_LENGTHS and _is_shipped_code_target(model):

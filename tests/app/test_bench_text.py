@@ -70,11 +70,11 @@ def test_bench_prints_only_the_json_object(bench_run):
 def test_every_method_carries_the_design_stats(bench_run):
     result = json.loads(bench_run[1])
     methods = result["methods"]
-    # every method the tiny target can serve (`kangaroo`, `del`, `eagle`, `poss`, `mtp`, `early-exit` and `ppd` need
-    # weights trained for it)
+    # every method the tiny target can serve (`kangaroo`, `del`, `eagle`, `poss`, `mtp`, `early-exit`, `ppd` and
+    # `falcon` need weights trained for it)
     expected = {*method_names("text"), "hf", "hf-assisted[default]", "hf-assisted[k=5]",
                 "hf-prompt-lookup[default]", "hf-prompt-lookup[k=5]"} - {"kangaroo", "del", "eagle", "poss", "mtp",
-                                                                          "early-exit", "ppd"}
+                                                                          "early-exit", "ppd", "falcon"}
     assert set(methods) == expected
     for name, stats in methods.items():
         assert STATS_KEYS <= set(stats), (name, STATS_KEYS - set(stats))

@@ -1,6 +1,7 @@
-"""`specgen train head --method eagle|poss|mtp`: the text EAGLE head (modalities/drafters/eagle.py), PosS position
-specialists over one (modalities/drafters/poss.py) or FastMTP's module (modalities/drafters/mtp.py), trained on the
-frozen target's own features, resumably.
+"""`specgen train head --method eagle|poss|mtp|falcon`: the text EAGLE head (modalities/drafters/eagle.py), PosS
+position specialists over one (modalities/drafters/poss.py), FastMTP's module (modalities/drafters/mtp.py) or
+Falcon's semi-autoregressive head (modalities/drafters/falcon.py), trained on the frozen target's own features,
+resumably.
 
 Data (`windows` windows of `window_len` tokens; the target's forward over each gives its final-normed hidden state
 at every position, the feature the head reads and predicts):
@@ -30,6 +31,12 @@ FastMTP (`--method mtp`, eagle_config.MTP_DEFAULTS): the module with its two inp
 the positions, three recursive depths weighted 0.6 ** (d - 1), no input noise, and for Gemma sampled docstring
 continuations in place of real docstrings (every continuation the target's own); with `vocab_size` a kept list per
 kind of text (code, prose) beside the union the loss reads.
+
+Falcon (`--method falcon`, eagle_config.FALCON_DEFAULTS): the EAGLE head under a block mask at a random phase per
+step (pairs see their whole block of `block`), pair t predicting f_{t+k-1}; the second pass reads, at pair t, the
+first pass's prediction from pair t - k (the previous block's, as a drafted block reads it), except in a share of
+blocks, which read the target's features instead: glancing, the share = λ × the first pass's greedy disagreement,
+λ from `glance_start` to `glance_end` over the run (module `EagleTask.block_loss`).
 
 Run folder: `features/` (chunk files, resumable), `run.json`, `checkpoint.pt` (every checkpoint_minutes),
 `metrics.jsonl`, `training.json`; the head is exported into `out` (default run_dir/export) with its `vocab_ids.json`
@@ -206,6 +213,7 @@ class EagleTask:
         if cfg.method == "poss":
             self.head, self.vocab_ids, self.base_folder = poss_head(cfg, self.folder)
         else:
+            from specgen.modalities.drafters.falcon import FalconHead
             from specgen.modalities.drafters.mtp import MtpHead
 
             self.vocab_ids = kept_vocabulary(self.model, self.tokenizer, self.ids, cfg.vocab_size)
@@ -213,8 +221,11 @@ class EagleTask:
                 third = cfg.windows // 3  # windows_of: code, then prose
                 self.kinds = {kind: kept_vocabulary(self.model, self.tokenizer, ids, cfg.vocab_size)
                               for kind, ids in (("code", self.ids[:third]), ("prose", self.ids[third:]))}
-            self.head = (MtpHead if cfg.method == "mtp" else TextEagleHead).for_target(
-                self.model, intermediate_size=cfg.intermediate_size, heads=cfg.heads, kv_heads=cfg.kv_heads)
+            kind = {"mtp": MtpHead, "falcon": FalconHead}.get(cfg.method, TextEagleHead)
+            self.head = kind.for_target(self.model, intermediate_size=cfg.intermediate_size, heads=cfg.heads,
+                                        kv_heads=cfg.kv_heads)
+            if cfg.method == "falcon":
+                self.head.block = cfg.block
         self.rows = output_rows(self.model, self.vocab_ids)  # [kept, d]
         self.unroll = max(cfg.unroll, cfg.specialists if cfg.method == "poss" else 1)
         say(f"data: {len(self.ids)} windows x {self.ids.shape[1]} tokens, {len(self.eval_ids)} held out "
@@ -223,11 +234,14 @@ class EagleTask:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.model.embed_tokens(ids).float()
 
-    def loss(self, ids, features, noise: float = 0.0, law_share: float = 1.0, generator=None, unroll: int = 1):
+    def loss(self, ids, features, noise: float = 0.0, law_share: float = 1.0, generator=None, unroll: int = 1,
+             glance: float = 0.0):
         """Per depth 1..unroll, (feature loss, law loss, α, greedy agreement) over every predicted position of
         windows ids [B, T]. Depth 1 reads the target's features; depth d + 1 reads, at every pair, the head's own
         depth-d prediction of the feature before it (EAGLE-3's training-time test, in its plainest form: deeper
-        drafted tokens feed on predicted features, and this trains the head for that)."""
+        drafted tokens feed on predicted features, and this trains the head for that). Falcon: `block_loss`."""
+        if self.cfg.block > 1:
+            return self.block_loss(ids, features, noise, law_share, generator, unroll, glance)
         inputs = features[:, :-1].float()  # the feature at t - 1 ...
         if noise:
             inputs = inputs + (torch.rand(inputs.shape, generator=generator) * 2 - 1) * noise
@@ -240,6 +254,32 @@ class EagleTask:
                 predicted = self.head(embed, inputs, positions, depth)  # ... and token t predict the feature at t
                 depths.append(self._terms(predicted, wanted, law_share, generator))
             inputs = torch.cat([inputs[:, :1], predicted[:, :-1]], 1)  # pair t reads the prediction of f_{t-1}
+        return depths
+
+    def block_loss(self, ids, features, noise: float, law_share: float, generator, unroll: int, glance: float):
+        """Falcon's terms per pass (module docstring): pairs 1..T-1 under the block mask, pair t predicting
+        f_{t+k-1}; pass d + 1 reads at pair t pass d's prediction from pair t - k, or with probability `glance` per
+        block the target's feature (the first k pairs always do: no block precedes them)."""
+        from specgen.modalities.drafters.falcon import block_visible
+
+        block, count = self.cfg.block, ids.shape[1] - 1  # pairs
+        true_inputs = features[:, :-1].float()  # pair t reads f_{t-1}
+        if noise:
+            true_inputs = true_inputs + (torch.rand(true_inputs.shape, generator=generator) * 2 - 1) * noise
+        phase = int(torch.randint(block, (1,), generator=generator)) if generator is not None else 0
+        visible, blocks = block_visible(count, block, phase), (torch.arange(count) + phase) // block
+        positions = torch.arange(1, ids.shape[1]).expand(ids.shape[0], -1)
+        embed, wanted = self.embed(ids[:, 1:]), features[:, block:].float()  # pair t (< T - k + 1): f_{t+k-1}
+        inputs, depths = true_inputs, []
+        for depth in range(1, unroll + 1):
+            predicted = self.head(embed, inputs, positions, depth, visible)
+            depths.append(self._terms(predicted[:, :wanted.shape[1]], wanted, law_share, generator))
+            read = torch.cat([true_inputs[:, :block], predicted[:, :count - block]], 1)  # pair t: from pair t - k
+            if glance > 0:
+                disagreement = 1.0 - float(depths[-1][3])
+                chosen = torch.rand(ids.shape[0], int(blocks[-1]) + 1, generator=generator) < glance * disagreement
+                read = torch.where(chosen[:, blocks][..., None], true_inputs, read)
+            inputs = read
         return depths
 
     def _terms(self, predicted, wanted, law_share: float, generator):
@@ -314,7 +354,9 @@ def train_eagle(cfg: EagleConfig, say=print) -> dict:
         generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         rows = torch.randint(len(task.ids), (cfg.batch_size,), generator=generator)
         set_lr(optimizer, cosine_lr(step, cfg.steps, cfg.lr, cfg.warmup, floor=0.0))
-        depths = task.loss(task.ids[rows], task.features[rows], cfg.noise, cfg.law_share, generator, task.unroll)
+        glance = cfg.glance_start + (cfg.glance_end - cfg.glance_start) * step / max(cfg.steps - 1, 1)
+        depths = task.loss(task.ids[rows], task.features[rows], cfg.noise, cfg.law_share, generator, task.unroll,
+                           glance)
         loss = sum(weight * (cfg.feature_weight * feature + cfg.law_weight * law)
                    for weight, (feature, law, _, _) in zip(depth_weights(cfg, len(depths)), depths))
         feature, law, acceptance, agreement = depths[0]
@@ -353,7 +395,7 @@ def train_eagle(cfg: EagleConfig, say=print) -> dict:
     else:
         task.head.save(out, task.folder, task.vocab_ids, summary)
     say(f"exported the head to {out}")
-    record_in_manifest(out, {"poss": "poss.json", "mtp": "mtp.json"}.get(cfg.method))
+    record_in_manifest(out, {"poss": "poss.json", "mtp": "mtp.json", "falcon": "falcon.json"}.get(cfg.method))
     return summary
 
 
