@@ -30,7 +30,6 @@ from pathlib import Path
 
 import torch
 
-from specgen.errors import InvalidRequest
 from specgen.kernels import sample_categorical
 from specgen.modalities.drafters import eagle
 from specgen.modalities.drafters.model import common_prefix
@@ -205,8 +204,6 @@ class FalconDrafter(eagle.EagleDrafter):
 
 def build_drafter(generator, knobs: dict, processing, policy, engine) -> FalconDrafter:
     """The pipeline's `falcon` drafter for a text generator (its target model, folder and engine)."""
-    if hasattr(policy, "stop"):
-        raise InvalidRequest("method 'falcon' drafts whole blocks and takes no token-wise length_schedule")
     head, vocab_ids = load_falcon(find_falcon(generator.model_path))
     return FalconDrafter(generator.model, engine, head, processing, vocab_ids=vocab_ids,
                          output_rows=knobs.get("output_rows", 0))
