@@ -113,7 +113,7 @@ def run_bench_image(*, prompts_path: Path | None = None, methods: list[str] | No
                                       "guidance_scale": processing.guidance_scale},
                             model=str(generator.model_path), vq=str(generator.vq_path))
     if quality:
-        result["quality"] = quality_summary(runs, prompts, methods, generator.vocab.frames)
+        result["quality"] = quality_summary(runs, prompts, methods, generator.vocab.frames, generator.vq)
         result["env"]["tesseract"] = tesseract
     if samples_out is not None:
         _save_gallery(gallery, [p.id for p in prompts], samples_out)
@@ -134,12 +134,15 @@ def judge_sample(media, prompt: str) -> dict | None:
     return {**judge.score(verdict, ask), "verdict": asdict(verdict)}
 
 
-def quality_summary(runs: list[dict], prompts: list[Prompt], methods: list[str], frames: int) -> dict:
+def quality_summary(runs: list[dict], prompts: list[Prompt], methods: list[str], frames: int, vq=None) -> dict:
     """Per method: the judge's accuracies over every run of it (all windows: the methods are exact, so every window
     samples the same law); `true renders`: the same checks on CEILING_RENDERS true renders per prompt (the judge's
-    ceiling); `chance`: `ar`'s images scored against the prompt half the file away (another glyph, other colours,
-    another motion in the shipped files), the level a model that ignores its prompt would reach."""
+    ceiling); with the `vq`, `through the tokenizer`: those renders encoded to codes and decoded (what a token model
+    that put every code right would show: the tokenizer's ceiling); `chance`: `ar`'s images scored against the
+    prompt half the file away (another glyph, other colours, another motion in the shipped files), the level a model
+    that ignores its prompt would reach."""
     from specgen.modalities.image import judge
+    from specgen.modalities.image.vq import reconstruct
 
     per_method = {m: judge.summarise([r["quality"] for r in runs if r["method"] == m and r.get("quality")])
                   for m in methods}
@@ -148,7 +151,7 @@ def quality_summary(runs: list[dict], prompts: list[Prompt], methods: list[str],
     other = {pid: asks[judged[(k + len(judged) // 2) % len(judged)]] for k, pid in enumerate(judged)}
     chance = [judge.score(judge.verdict_from_dict(r["quality"]["verdict"]), other[r["prompt"]])
               for r in runs if r["method"] == "ar" and r.get("quality") and len(judged) > 1]
-    ceiling = []
+    ceiling, coded = [], []
     for prompt in prompts:
         ask = judge.parse_prompt(prompt.prompt)
         if ask.char is None or (frames > 1 and ask.motion is None):
@@ -156,11 +159,18 @@ def quality_summary(runs: list[dict], prompts: list[Prompt], methods: list[str],
         for sample in range(CEILING_RENDERS):
             rng = judge.render_rng(prompt.prompt, sample)
             if frames > 1:
-                ceiling.append(judge.score_clip(judge.judge_clip(judge.true_clip(ask, rng, frames)), ask))
+                clip = judge.true_clip(ask, rng, frames)
+                ceiling.append(judge.score_clip(judge.judge_clip(clip), ask))
+                if vq is not None:
+                    coded.append(judge.score_clip(judge.judge_clip(list(reconstruct(vq, clip))), ask))
             else:
-                ceiling.append(judge.score_image(judge.judge_image(judge.true_image(ask, rng)), ask))
+                image = judge.true_image(ask, rng)
+                ceiling.append(judge.score_image(judge.judge_image(image), ask))
+                if vq is not None:
+                    coded.append(judge.score_image(judge.judge_image(reconstruct(vq, image[None])[0]), ask))
     return {"methods": per_method, "true_renders": judge.summarise(ceiling), "chance": judge.summarise(chance),
-            "renders_per_prompt": CEILING_RENDERS}
+            "renders_per_prompt": CEILING_RENDERS,
+            **({"through_tokenizer": judge.summarise(coded)} if coded else {})}
 
 
 def _window_ms(result: dict, window: int) -> str:
@@ -318,13 +328,17 @@ def quality_markdown(result: dict) -> list[str]:
              "Shares of the samples the prompt's check applies to; OCR per class group as case-folded / strict "
              "(samples). Headline: case-folded (letters case-insensitive, 0 = O): a lone glyph's case is often "
              "undecidable. `true renders` is the judge on "
-             f"{quality['renders_per_prompt']} training-style renders per glyph prompt: its ceiling; `chance` "
+             f"{quality['renders_per_prompt']} training-style renders per glyph prompt: its ceiling; `through the "
+             "tokenizer`: the same renders encoded to codes and decoded by the VQ, what a token model putting every "
+             "code right would show (the tokenizer's ceiling); `chance` "
              "scores `ar`'s images against the prompt half the file away: what ignoring the prompt scores. "
              "Methods pool every window (all are exact). The Fréchet distance is measured by `--quality-samples` "
              "for the head methods (benchmarks/image-lantern-latest.md).", "",
              head, "|---" * (head.count("|") - 1) + "|"]
     rows = [*((f"`{m}`", s, result["methods"].get(m, {}).get("speedup_vs_ar")) for m, s in quality["methods"].items()),
             ("true renders (ceiling)", quality["true_renders"], None),
+            *((("true renders through the tokenizer", quality["through_tokenizer"], None),)
+              if "through_tokenizer" in quality else ()),
             *((("`ar` vs another prompt (chance)", quality["chance"], None),) if quality["chance"]["samples"] else ())]
     for name, summary, speedup in rows:
         lines.append(f"| {name} | {summary['samples']} | {share(summary, 'ocr_folded')} | "

@@ -84,6 +84,29 @@ def test_true_render_ceiling_is_high_on_training_style_renders():
     assert set(summary) >= {"uppercase", "lowercase", "digit", "ocr_strict"}
 
 
+def test_the_shipped_tokenizer_keeps_most_renders_legible_and_a_scrambled_one_does_not():
+    """The tokenizer's ceiling (`bench image --quality`'s `through the tokenizer` row): renders encoded to the
+    shipped VQ's codes and decoded keep their background and are mostly read; with every code mapped to another
+    (a tokenizer that maps images to the wrong codes) they are not."""
+    import torch
+
+    from specgen.modalities.assets import assets_dir
+    from specgen.modalities.image.vq import decode, encode, load_vq
+
+    vq = load_vq(assets_dir() / "image" / "vq")
+    asks = [judge.Ask(c, "white", "black") for c in "AEKRZ2479"]
+    renders = np.stack([judge.true_image(ask, judge.render_rng(ask.char, 0)) for ask in asks])
+    codes = encode(vq, renders)
+
+    def read(images):
+        return judge.summarise([judge.score_image(judge.judge_image(image), ask) for image, ask in zip(images, asks)])
+
+    through = read(decode(vq, codes))
+    assert through["bg"] == 1.0 and through["ocr_folded"] >= 0.5
+    shuffled = torch.randperm(vq.quantize.embedding.weight.shape[0], generator=torch.Generator().manual_seed(0))
+    assert read(decode(vq, shuffled[torch.as_tensor(codes)]))["ocr_folded"] <= 0.25
+
+
 def test_bench_image_quality_writes_the_judge_columns(tmp_path):
     from tiny_models import save_tiny_image_model
 
@@ -102,6 +125,7 @@ def test_bench_image_quality_writes_the_judge_columns(tmp_path):
     assert set(quality["methods"]) == {"ar", "mc-sjd"} and quality["methods"]["ar"]["samples"] == 1
     assert {"ocr_folded", "ocr_strict", "fg", "bg", "uppercase"} <= set(quality["methods"]["mc-sjd"])
     assert quality["true_renders"]["samples"] == 4 and quality["true_renders"]["bg"] == 1.0
+    assert quality["through_tokenizer"]["samples"] == 4  # the same renders through the (random) VQ
     assert quality["chance"]["samples"] == 0  # one judgeable prompt: no other prompt to score against
     verdict = result["items"][0]["quality"]["verdict"]
     assert judge.score(judge.verdict_from_dict(verdict), judge.Ask("K", "red", "blue")) == {
@@ -110,6 +134,7 @@ def test_bench_image_quality_writes_the_judge_columns(tmp_path):
     written = write_outputs(result, tmp_path, plot=False)
     report = (tmp_path / "image-quality-latest.md").read_text()
     assert "Quality (independent judge)" in report and "true renders (ceiling)" in report and "| `mc-sjd` |" in report
+    assert "| true renders through the tokenizer | 4 |" in report
     assert json.loads(written.runs["json"].read_text())["quality"]["renders_per_prompt"] == 4
 
 

@@ -50,6 +50,18 @@ def test_vq_resumes_from_its_checkpoint(tmp_path):
         main(["--role", "vq", "--steps", "4", "--run-dir", str(run), *VQ_TINY[:1], "3", *VQ_TINY[2:]])
 
 
+def test_a_vq_pilots_architecture_is_exported_recorded_and_kept_on_resume(tmp_path):
+    run, out = tmp_path / "run", tmp_path / "out"
+    pilot = ["--vq-config", '{"num_vq_embeddings": 64, "vq_embed_dim": 4}']
+    assert main(["--role", "vq", "--steps", "2", "--run-dir", str(run), "--out", str(out), *VQ_TINY, *pilot]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert (config["num_vq_embeddings"], config["vq_embed_dim"]) == (64, 4)
+    command = json.loads((out / "training.json").read_text())["command"]
+    assert """--vq-config '{"num_vq_embeddings":64,"vq_embed_dim":4}'""" in command
+    with pytest.raises(InvalidRequest, match="different settings"):  # the shipped architecture is another run
+        main(["--role", "vq", "--steps", "3", "--run-dir", str(run), *VQ_TINY])
+
+
 @pytest.mark.parametrize("role", ["target", "draft"])
 def test_token_model_two_steps_then_resume(role, trained_vq, tmp_path):
     run, out = tmp_path / "run", tmp_path / "out"

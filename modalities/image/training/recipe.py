@@ -52,7 +52,7 @@ class TrainConfig(StepSettings):
     extra: dict = field(default_factory=dict)
 
     # Settings that change what a step computes; a checkpoint only resumes under the same ones.
-    FIXED = ("role", "batch_size", "seed", "num_images", "cond_dropout", "class_prompt", "init_from")
+    FIXED = ("role", "batch_size", "seed", "num_images", "cond_dropout", "class_prompt", "init_from", "extra")
 
     def command(self) -> str:
         parts = [f"python -m {MODULE}", f"--role {self.role}", f"--steps {self.steps}",
@@ -66,6 +66,8 @@ class TrainConfig(StepSettings):
             parts.append(f"--vq {self.vq_path}")
         if self.init_from:
             parts.append(f"--init-from {self.init_from}")
+        if self.extra.get("vq_overrides"):
+            parts.append(f"--vq-config '{json.dumps(self.extra['vq_overrides'], separators=(',', ':'))}'")
         if self.out:
             parts.append(f"--out {self.out}")
         return " ".join(parts)
@@ -207,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--init-from", type=Path, default=None,
                    help="start from this token model's weights (video default: assets/image/target when present)")
     p.add_argument("--no-resume", action="store_true", help="start over even if the run folder has a checkpoint")
+    p.add_argument("--vq-config", type=json.loads, default=None, metavar="JSON",
+                   help="vq: architecture settings over the shipped ones (diffusers VQModel arguments), e.g. "
+                        "'{\"num_vq_embeddings\": 1024, \"vq_embed_dim\": 16, \"latent_channels\": 16}' (pilots)")
     a = p.parse_args(argv)
     if a.card:
         from specgen.modalities.image.training.card import card_figures
@@ -220,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                  init_from=str(a.init_from) if a.init_from else None, seed=a.seed, threads=a.threads,
                  **({"run_dir": str(a.run_dir)} if a.run_dir else {}), out=str(a.out) if a.out else None,
                  checkpoint_minutes=a.checkpoint_minutes, eval_every=a.eval_every, eval_images=a.eval_images,
-                 vq_path=str(a.vq) if a.vq else None)
+                 vq_path=str(a.vq) if a.vq else None,
+                 **({"extra": {"vq_overrides": a.vq_config}} if a.vq_config else {}))
     summary = train(cfg, resume=not a.no_resume)
     print(json.dumps({k: summary[k] for k in ("role", "params", "steps", "final_train_loss", "eval", "wall_s")}))
     return 0
