@@ -112,7 +112,10 @@ def test_every_item_gets_one_line_and_failures_are_recorded(full_run, generator,
     assert "max_new_tokens" in by_id["too-long"]["error"]
     alone = generator.generate("abc abc (x", method="auto", max_new_tokens=12)  # an item without a method: auto
     assert by_id["greedy"]["result"] == {"text": alone.text, "tokens": alone.tokens}
-    assert by_id["greedy"]["stats"]["method"] == "auto" and by_id["greedy"]["stats"]["tau"] == alone.stats["tau"]
+    assert by_id["greedy"]["stats"]["method"] == "auto"
+    # auto decides by measured costs, so two runs may draft differently (same tokens); the same decisions, same τ
+    if by_id["greedy"]["stats"]["auto"]["steps_by_method"] == alone.stats["auto"]["steps_by_method"]:
+        assert by_id["greedy"]["stats"]["tau"] == alone.stats["tau"]
     assert by_id[2]["stats"]["method"] == "ngram" and by_id["plain"]["stats"]["tau"] == 1.0
     sampled = generator.generate("ab", method="draft", temperature=1.0, top_p=0.9, num_samples=2, seed=3,
                                  max_new_tokens=8)
