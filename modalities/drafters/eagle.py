@@ -335,13 +335,17 @@ class EagleDrafter:
     def begin(self, ctx: DecodeContext) -> torch.Tensor:
         """A step's start: the request's output rows (first step), caches for every row, the first specialist
         caught up. Returns [rows, d] the pending token's predicted feature (its law: `_logits`)."""
+        self._start_step(ctx)
+        return self._catch_up(ctx)
+
+    def _start_step(self, ctx: DecodeContext) -> None:
+        """The request's output rows (first step), caches for every row, this step's per-row contexts and pairs."""
         rows = ctx.rows
         if self.out is None:
             self._request_rows(ctx)
         if not self.cached or len(self.cached[0]) <= int(rows.max()):
             self._reset(max(int(rows.max()) + 1, len(self.cached[0]) if self.cached else 0))
         self._step_contexts, self._step_pairs = {}, {}  # per row of this step, shared by the specialists
-        return self._catch_up(ctx)
 
     def propose(self, ctx: DecodeContext, budget: int) -> Draft:
         rows = ctx.rows

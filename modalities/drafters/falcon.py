@@ -168,11 +168,7 @@ class FalconDrafter(eagle.EagleDrafter):
 
     def propose(self, ctx: DecodeContext, budget: int) -> Draft:
         rows, block, engine = ctx.rows, self.block, self.engines[0]
-        if self.out is None:
-            self._request_rows(ctx)
-        if not self.cached or len(self.cached[0]) <= int(rows.max()):
-            self._reset(max(int(rows.max()) + 1, len(self.cached[0]) if self.cached else 0))
-        self._step_contexts, self._step_pairs = {}, {}
+        self._start_step(ctx)
         outputs = self._first_block(ctx)  # [rows, block, d]
         true_lengths = engine.cache.lengths[rows].clone()
         positions = ctx.next_positions  # [rows] where the first drafted token goes
