@@ -256,26 +256,12 @@ class EagleDrafter:
         feature of the pending token, or of the last drafted one (zero for a one-token context without drafted
         pairs, which has no pair: its draft law is then uniform)."""
         rows, engine = ctx.rows.tolist(), self.engines[index]
-        feeds = []
-        for i, row in enumerate(rows):
-            if i not in self._step_contexts:
-                self._step_contexts[i] = ctx.tokens[i].tolist()
-            context = self._step_contexts[i]
-            common = common_prefix(self.cached[index][row], context)
-            engine.cache.lengths[row] = max(common - 1, 0)  # pairs 1 .. common - 1 still hold
-            feeds.append((max(common, 1), len(context)))
-            self.cached[index][row] = context
-        counts = torch.tensor([end - start for start, end in feeds])  # [rows] true pairs to feed, >= 0
+        feeds = self._roll_back(ctx, index)
         extra = 0 if drafted is None else drafted.shape[1]
-        width, dim = int(counts.max()), self.token_fc.shape[0]
+        inputs, positions, counts = self._true_inputs(ctx, feeds, extra)
+        width = inputs.shape[1] - extra
         if width + extra == 0:
-            return torch.zeros(len(rows), dim)
-        inputs = torch.zeros(len(rows), width + extra, dim)
-        positions = torch.zeros(len(rows), width + extra, dtype=torch.long)
-        for i, (start, end) in enumerate(feeds):
-            inputs[i, :end - start] = self._true_pairs(ctx, i, rows[i], start, end)
-            positions[i, :end - start] = torch.arange(start, end)
-            positions[i, end - start:width] = end  # padding: never kept
+            return torch.zeros(len(rows), self.token_fc.shape[0])
         if extra:
             inputs[:, width:] = drafted
             positions[:, width:] = ctx.next_positions[:, None] + torch.arange(extra)
@@ -291,6 +277,33 @@ class EagleDrafter:
             return hidden[:, -1]
         last = hidden[torch.arange(len(rows)), (counts - 1).clamp(min=0)]
         return torch.where((counts > 0)[:, None], last, torch.zeros_like(last))
+
+    def _roll_back(self, ctx: DecodeContext, index: int, keep: int = 0) -> list[tuple[int, int]]:
+        """Per row, (start, end) of the true pairs to feed specialist `index` this step: from its longest cached
+        prefix still committed (but at least the last `keep` pairs again) up to the pending token's; its cache is
+        rolled back to the pairs before `start`."""
+        feeds = []
+        for i, row in enumerate(ctx.rows.tolist()):
+            context = self._step_contexts.setdefault(i, ctx.tokens[i].tolist())
+            start = max(min(common_prefix(self.cached[index][row], context), len(context) - keep), 1)
+            self.engines[index].cache.lengths[row] = start - 1  # pair t sits at slot t - 1
+            feeds.append((start, len(context)))
+            self.cached[index][row] = context
+        return feeds
+
+    def _true_inputs(self, ctx: DecodeContext, feeds: list[tuple[int, int]], extra: int = 0):
+        """The pairs of `feeds` left-aligned per row, with `extra` free slots after the widest: inputs [rows, width +
+        extra, d], positions [rows, width + extra] (padding at the row's next position, never kept) and the counts of
+        true pairs [rows]."""
+        counts = torch.tensor([end - start for start, end in feeds])  # [rows] true pairs to feed, >= 0
+        width = int(counts.max())
+        inputs = torch.zeros(len(feeds), width + extra, self.token_fc.shape[0])
+        positions = torch.zeros(len(feeds), width + extra, dtype=torch.long)
+        for i, (start, end) in enumerate(feeds):
+            inputs[i, :end - start] = self._true_pairs(ctx, i, int(ctx.rows[i]), start, end)
+            positions[i, :end - start] = torch.arange(start, end)
+            positions[i, end - start:width] = end
+        return inputs, positions, counts
 
     def _true_pairs(self, ctx: DecodeContext, i: int, row: int, start: int, end: int) -> torch.Tensor:
         """[end - start, d] row i's true pairs start..end-1, computed once per step and shared by the specialists

@@ -32,7 +32,6 @@ import torch
 
 from specgen.kernels import sample_categorical
 from specgen.modalities.drafters import eagle
-from specgen.modalities.drafters.model import common_prefix
 from specgen.modalities.drafters.trained_files import file_stamp, trained_for
 from specgen.modalities.image.eagle_head.head import FC_FILE
 from specgen.samplers.noise import draft_uniforms
@@ -137,22 +136,10 @@ class FalconDrafter(eagle.EagleDrafter):
         [rows, block, d]: the predicted features before the first `block` drafted tokens (zero for a context with
         fewer pairs than a block: uniform laws)."""
         rows, engine, block = ctx.rows.tolist(), self.engines[0], self.block
-        feeds = []
-        for i, row in enumerate(rows):
-            context = self._step_contexts.setdefault(i, ctx.tokens[i].tolist())
-            start = max(min(common_prefix(self.cached[0][row], context), len(context) - block), 1)
-            engine.cache.lengths[row] = start - 1  # pair t sits at slot t - 1
-            feeds.append((start, len(context)))
-            self.cached[0][row] = context
-        counts = torch.tensor([end - start for start, end in feeds])  # [rows] pairs fed, >= min(block, pairs)
-        width, dim = int(counts.max()), self.token_fc.shape[0]
+        inputs, positions, counts = self._true_inputs(ctx, self._roll_back(ctx, 0, keep=block))
+        width = inputs.shape[1]  # >= min(block, pairs) per row
         if width == 0:
-            return torch.zeros(len(rows), block, dim)
-        inputs, positions = torch.zeros(len(rows), width, dim), torch.zeros(len(rows), width, dtype=torch.long)
-        for i, (start, end) in enumerate(feeds):
-            inputs[i, :end - start] = self._true_pairs(ctx, i, rows[i], start, end)
-            positions[i, :end - start] = torch.arange(start, end)
-            positions[i, end - start:] = end  # padding: never kept
+            return torch.zeros(len(rows), block, self.token_fc.shape[0])
         slots = torch.arange(width)
         valid = slots < counts[:, None]  # [rows, width]
         last = valid & (slots >= (counts - block)[:, None])  # the block the queries end on
