@@ -64,6 +64,7 @@ def run_bench_image(*, prompts_path: Path | None = None, methods: list[str] | No
     `quality`: judge every generated image (OCR, colours, motion) and true renders of the same prompts."""
     from specgen.modalities.image import judge
     from specgen.modalities.image.generator import ImageGenerator
+    from specgen.modalities.image.models import glyph_style_of
 
     tesseract = judge.require_tesseract() if quality else None  # before any model loads
     generator = generator or ImageGenerator(model, video=modality == "video")
@@ -113,7 +114,8 @@ def run_bench_image(*, prompts_path: Path | None = None, methods: list[str] | No
                                       "guidance_scale": processing.guidance_scale},
                             model=str(generator.model_path), vq=str(generator.vq_path))
     if quality:
-        result["quality"] = quality_summary(runs, prompts, methods, generator.vocab.frames, generator.vq)
+        result["quality"] = quality_summary(runs, prompts, methods, generator.vocab.frames, generator.vq,
+                                            glyph_style_of(generator.model_path))
         result["env"]["tesseract"] = tesseract
     if samples_out is not None:
         _save_gallery(gallery, [p.id for p in prompts], samples_out)
@@ -134,13 +136,14 @@ def judge_sample(media, prompt: str) -> dict | None:
     return {**judge.score(verdict, ask), "verdict": asdict(verdict)}
 
 
-def quality_summary(runs: list[dict], prompts: list[Prompt], methods: list[str], frames: int, vq=None) -> dict:
+def quality_summary(runs: list[dict], prompts: list[Prompt], methods: list[str], frames: int, vq=None,
+                    glyph_style: str = "varied") -> dict:
     """Per method: the judge's accuracies over every run of it (all windows: the methods are exact, so every window
     samples the same law); `true renders`: the same checks on CEILING_RENDERS true renders per prompt (the judge's
     ceiling); with the `vq`, `through the tokenizer`: those renders encoded to codes and decoded (what a token model
-    that put every code right would show: the tokenizer's ceiling); `chance`: `ar`'s images scored against the
-    prompt half the file away (another glyph, other colours, another motion in the shipped files), the level a model
-    that ignores its prompt would reach."""
+    that put every code right would show: the tokenizer's ceiling); the renders are drawn in the model's training
+    `glyph_style`; `chance`: `ar`'s images scored against the prompt half the file away (another glyph, other
+    colours, another motion in the shipped files), the level a model that ignores its prompt would reach."""
     from specgen.modalities.image import judge
     from specgen.modalities.image.vq import reconstruct
 
@@ -164,12 +167,12 @@ def quality_summary(runs: list[dict], prompts: list[Prompt], methods: list[str],
                 if vq is not None:
                     coded.append(judge.score_clip(judge.judge_clip(list(reconstruct(vq, clip))), ask))
             else:
-                image = judge.true_image(ask, rng)
+                image = judge.true_image(ask, rng, glyph_style)
                 ceiling.append(judge.score_image(judge.judge_image(image), ask))
                 if vq is not None:
                     coded.append(judge.score_image(judge.judge_image(reconstruct(vq, image[None])[0]), ask))
     return {"methods": per_method, "true_renders": judge.summarise(ceiling), "chance": judge.summarise(chance),
-            "renders_per_prompt": CEILING_RENDERS,
+            "renders_per_prompt": CEILING_RENDERS, "glyph_style": glyph_style,
             **({"through_tokenizer": judge.summarise(coded)} if coded else {})}
 
 

@@ -23,7 +23,7 @@ import torch
 from specgen.settings import use_threads
 from specgen.errors import InvalidRequest
 from specgen.modalities.image import vq as vq_codec
-from specgen.modalities.image.models import default_paths, load_image_lm, load_image_vocab
+from specgen.modalities.image.models import check_vq, default_paths, load_image_lm, load_image_vocab, vq_of
 from specgen.modalities.runtime.llama_runner import fast_matmul_dtype
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget, measure_window_s
 from specgen.modalities.image.eagle_head.drafter import EagleTreeDrafter
@@ -76,7 +76,8 @@ class ImageGenerator(Generator):
             use_threads(threads)
         paths = default_paths()
         self.model_path = Path(model or paths["video" if video else "target"])
-        self.vq_path = Path(vq or paths["vq"])
+        self.vq_path = Path(vq or vq_of(self.model_path))
+        check_vq(self.model_path, self.vq_path)
         self.model = load_image_lm(self.model_path, dtype)
         self.vocab = load_image_vocab(self.model_path)
         # images: bfloat16 linears and per-query attention where that is exact and faster. Clips stay float32:

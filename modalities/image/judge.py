@@ -287,15 +287,12 @@ def summarise(scores: list[dict]) -> dict:
 
 # ---- the ceiling: true renders of a prompt, as the training data draws them ------------------------------------------
 
-def true_image(ask: Ask, rng: np.random.Generator) -> np.ndarray:
-    """A render of the asked glyph in the training data's style (`images.glyph_item`: any of its fonts, size 26-52,
-    jitter); colours the prompt leaves open are drawn at random. uint8 [64, 64, 3]."""
+def true_image(ask: Ask, rng: np.random.Generator, style: str = "varied") -> np.ndarray:
+    """A render of the asked glyph as the training data draws it in glyph `style` (`images.glyph_item`: its fonts,
+    its sizes, jitter); colours the prompt leaves open are drawn at random. uint8 [64, 64, 3]."""
     fg, bg = _colours(ask, rng)
-    fonts = images.font_files()
-    size = int(rng.integers(26, 53))
-    jitter = max(1, (images.SIZE - size) // 3)
-    dx, dy = (int(v) for v in rng.integers(-jitter, jitter + 1, size=2))
-    return images.render_glyph(ask.char, fg, bg, font=fonts[rng.integers(len(fonts))], size=size, dx=dx, dy=dy)
+    font, size, dx, dy = images.glyph_style(style).draw(rng)
+    return images.render_glyph(ask.char, fg, bg, font=font, size=size, dx=dx, dy=dy)
 
 
 def true_clip(ask: Ask, rng: np.random.Generator, frames: int = clips.FRAMES) -> np.ndarray:

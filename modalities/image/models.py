@@ -4,6 +4,7 @@ assets folder as it does for text)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -35,6 +36,33 @@ def default_paths() -> dict[str, Path]:
     base = assets_dir()
     return {"vq": base / "vq", "target": base / "target", "draft": base / "draft", "video": base / "video",
             "head": base / "head"}
+
+
+def vq_of(model_path: str | Path) -> Path:
+    """The VQ whose codes the token model at `model_path` reads: the `vq/` folder inside it where it carries one (a
+    model trained on the codes of another tokenizer than the shipped one), else the shipped VQ."""
+    own = Path(model_path) / "vq"
+    return own if (own / "config.json").exists() else default_paths()["vq"]
+
+
+def check_vq(model_path: str | Path, vq_path: str | Path) -> None:
+    """Refuse a VQ other than the one the token model was trained on (its training.json's `vq_sha256`, where it
+    records one): the codes would decode, but to other pixels."""
+    from specgen.modalities.training import file_sha256
+
+    record = Path(model_path) / "training.json"
+    wanted = json.loads(record.read_text()).get("vq_sha256") if record.exists() else None
+    weights = Path(vq_path) / "diffusion_pytorch_model.safetensors"
+    if wanted and weights.exists() and file_sha256(weights) != wanted:
+        raise InvalidRequest(f"the token model in {str(model_path)!r} was trained on the codes of another VQ than "
+                             f"{str(vq_path)!r}; pass the VQ it was trained with (or none, for its own)")
+
+
+def glyph_style_of(path: str | Path) -> str:
+    """The glyph style (`training.images.GLYPH_STYLES`) the token model at `path` was trained on, from its
+    training.json ("varied", the first style, where the record names none or is missing)."""
+    record = Path(path) / "training.json"
+    return json.loads(record.read_text()).get("glyph_style", "varied") if record.exists() else "varied"
 
 
 def image_model_config(role: str, vocab: ImageVocab):

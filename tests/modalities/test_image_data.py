@@ -47,6 +47,26 @@ def test_per_source_items_and_rendering():
         images.make_item(0, split="test")
 
 
+def test_a_glyph_style_narrows_fonts_and_sizes_and_leaves_the_rest_of_the_stream():
+    fonts = images.glyph_style("sans").font_files()
+    assert len(fonts) == 4 and all("Sans" in f and "Mono" not in f and "Condensed" not in f for f in fonts)
+    assert images.glyph_style("sans").sizes == (36, 52)
+    assert images.glyph_style("varied").font_files() == images.font_files()
+    varied, sans = images.make_dataset(30, seed=3), images.make_dataset(30, seed=3, style="sans")
+    assert varied.prompts == sans.prompts  # same characters and colours: the style only draws them otherwise
+    glyphs = [i for i, s in enumerate(varied.sources) if s == "glyph"]
+    others = [i for i, s in enumerate(varied.sources) if s != "glyph"]
+    assert np.array_equal(varied.images[others], sans.images[others])
+    assert not np.array_equal(varied.images[glyphs], sans.images[glyphs])
+    # the style's glyphs are as large as it says: the ink's bounding box is at least 36 px * ~0.5 high
+    for i in glyphs:
+        ink = (sans.images[i] != sans.images[i][0, 0]).any(axis=2)
+        rows = np.flatnonzero(ink.any(axis=1))
+        assert rows[-1] - rows[0] >= 17
+    with pytest.raises(InvalidRequest, match="glyph style"):
+        images.make_dataset(1, style="cursive")
+
+
 def test_vocab_layout_and_prompts():
     v = default_vocab()
     assert (v.bos, v.boi, v.null, v.pad) == (512, 513, 514, 515)

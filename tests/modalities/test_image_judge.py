@@ -82,6 +82,10 @@ def test_true_render_ceiling_is_high_on_training_style_renders():
     summary = judge.summarise(scores)
     assert summary["samples"] == 8 and summary["ocr_folded"] >= 0.75
     assert set(summary) >= {"uppercase", "lowercase", "digit", "ocr_strict"}
+    # in a model's narrower training style the renders follow it: the same draws, other fonts and sizes
+    varied = judge.true_image(judge.Ask("K"), judge.render_rng("K", 1))
+    sans = judge.true_image(judge.Ask("K"), judge.render_rng("K", 1), "sans")
+    assert varied[0, 0].tolist() == sans[0, 0].tolist() and not np.array_equal(varied, sans)
 
 
 def test_the_shipped_tokenizer_keeps_most_renders_legible_and_a_scrambled_one_does_not():

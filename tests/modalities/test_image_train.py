@@ -81,6 +81,27 @@ def test_token_model_two_steps_then_resume(role, trained_vq, tmp_path):
     assert model(input_ids=ids).logits.shape == (1, len(ids[0]), vocab.vocab_size)
 
 
+def test_a_token_model_records_its_glyph_style_and_vq_and_refuses_another_vq(trained_vq, tmp_path):
+    import shutil
+
+    from specgen.modalities.image.generator import ImageGenerator
+    from specgen.modalities.image.models import glyph_style_of, vq_of
+
+    run, out = tmp_path / "run", tmp_path / "out"
+    assert main(["--role", "target", "--run-dir", str(run), "--vq", str(trained_vq / "out"), "--steps", "1",
+                 "--glyph-style", "sans", "--out", str(out), *LM_TINY]) == 0
+    summary = json.loads((out / "training.json").read_text())
+    assert "--glyph-style sans" in summary["command"] and glyph_style_of(out) == "sans"
+    assert json.loads((run / "tokens.json").read_text())["glyph_style"] == "sans"
+    with pytest.raises(InvalidRequest, match="different settings"):  # another style is another run
+        main(["--role", "target", "--run-dir", str(run), "--vq", str(trained_vq / "out"), "--steps", "2", *LM_TINY])
+    assert vq_of(out) != out / "vq"  # no VQ of its own: the shipped one ...
+    with pytest.raises(InvalidRequest, match="another VQ"):  # ... which is not the one it was trained on
+        ImageGenerator(out)
+    shutil.copytree(trained_vq / "out", out / "vq")  # carried inside the model folder, it is the default
+    assert vq_of(out) == out / "vq" and ImageGenerator(out).vq_path == out / "vq"
+
+
 def test_token_model_needs_a_vq(tmp_path):
     with pytest.raises(ModelNotFound, match="VQ"):
         main(["--role", "draft", "--steps", "1", "--run-dir", str(tmp_path), "--vq", str(tmp_path / "none"),

@@ -73,6 +73,46 @@ def font_files() -> tuple[str, ...]:
     return tuple(files)
 
 
+@dataclass(frozen=True)
+class GlyphStyle:
+    """How glyph items are drawn: which fonts, sizes and offsets from the centre."""
+    fonts: tuple[str, ...] = ()  # font file stems; () = every font of font_files()
+    sizes: tuple[int, int] = (26, 52)  # smallest and largest size, px
+    jitter: int | None = None  # largest offset from the centre, px; None: (64 - size) // 3, so big glyphs stay inside
+
+    def font_files(self) -> tuple[str, ...]:
+        found = font_files()
+        if not self.fonts:
+            return found
+        chosen = tuple(f for f in found if Path(f).stem in self.fonts)
+        if len(chosen) != len(self.fonts):
+            raise InvalidRequest(f"this glyph style needs the fonts {', '.join(self.fonts)}; {len(chosen)} found")
+        return chosen
+
+    def draw(self, rng: np.random.Generator) -> tuple[str, int, int, int]:
+        """(font file, size, dx, dy) of one glyph, drawn from rng."""
+        size = int(rng.integers(self.sizes[0], self.sizes[1] + 1))
+        jitter = max(1, (SIZE - size) // 3) if self.jitter is None else self.jitter
+        dx, dy = (int(v) for v in rng.integers(-jitter, jitter + 1, size=2))
+        fonts = self.font_files()
+        return fonts[rng.integers(len(fonts))], size, dx, dy
+
+
+# "varied" is every font at 26-52 px anywhere in the frame; the narrower styles are distributions a small token model
+# learns to draw legibly in fewer steps (docs/image.md, the token model pilots).
+GLYPH_STYLES: dict[str, GlyphStyle] = {
+    "varied": GlyphStyle(),
+    "sans": GlyphStyle(("DejaVuSans-Bold", "DejaVuSans", "LiberationSans-Bold", "LiberationSans-Regular"), (36, 52)),
+    "bold": GlyphStyle(("DejaVuSans-Bold",), (44, 48), 2),
+}
+
+
+def glyph_style(name: str) -> GlyphStyle:
+    if name not in GLYPH_STYLES:
+        raise InvalidRequest(f"glyph style must be one of {', '.join(GLYPH_STYLES)}, not {name!r}")
+    return GLYPH_STYLES[name]
+
+
 @lru_cache(maxsize=4096)
 def _font(path: str, size: int):
     from PIL import ImageFont
@@ -121,14 +161,11 @@ def render_glyph(char: str, fg: str, bg: str, *, font: str | None = None, size: 
     return np.asarray(img)
 
 
-def glyph_item(rng: np.random.Generator) -> ImageItem:
+def glyph_item(rng: np.random.Generator, style: str = "varied") -> ImageItem:
     char = CHARACTERS[rng.integers(len(CHARACTERS))]
     fg, bg = _two_colours(rng)
-    fonts = font_files()
-    size = int(rng.integers(26, 53))
-    jitter = max(1, (SIZE - size) // 3)  # smaller glyphs move further, bigger ones stay inside the frame
-    dx, dy = (int(v) for v in rng.integers(-jitter, jitter + 1, size=2))
-    image = render_glyph(char, fg, bg, font=fonts[rng.integers(len(fonts))], size=size, dx=dx, dy=dy)
+    font, size, dx, dy = glyph_style(style).draw(rng)
+    image = render_glyph(char, fg, bg, font=font, size=size, dx=dx, dy=dy)
     return ImageItem(image, char, f"{fg} {char} on {bg}", "glyph")
 
 
@@ -170,8 +207,8 @@ def photo_item(rng: np.random.Generator) -> ImageItem:
     return ImageItem(np.asarray(crop), name, f"photo of {name}", "photo")
 
 
-def make_item(index: int, seed: int = 0, split: str = "train") -> ImageItem:
-    """Item `index` of the dataset (seed, split); the source follows the fixed 6:2:2 pattern."""
+def make_item(index: int, seed: int = 0, split: str = "train", style: str = "varied") -> ImageItem:
+    """Item `index` of the dataset (seed, split), glyphs in `style`; the source follows the fixed 6:2:2 pattern."""
     if split not in _SPLIT_SALT:
         raise InvalidRequest(f"split must be 'train' or 'val', not {split!r}")
     if index < 0:
@@ -179,17 +216,17 @@ def make_item(index: int, seed: int = 0, split: str = "train") -> ImageItem:
     rng = np.random.default_rng((seed, _SPLIT_SALT[split], index))
     source = _SOURCE_PATTERN[index % len(_SOURCE_PATTERN)]
     if source == "glyph":
-        return glyph_item(rng)
+        return glyph_item(rng, style)
     if source == "digit":
         return digit_item(rng, split)
     return photo_item(rng)
 
 
-def make_dataset(n: int, seed: int = 0, split: str = "train", start: int = 0) -> ImageSet:
-    """Items start .. start+n-1 of the dataset (seed, split), stacked."""
+def make_dataset(n: int, seed: int = 0, split: str = "train", start: int = 0, style: str = "varied") -> ImageSet:
+    """Items start .. start+n-1 of the dataset (seed, split), glyphs in `style`, stacked."""
     if n < 0:
         raise InvalidRequest(f"dataset size must be >= 0, not {n}")
-    items = [make_item(i, seed, split) for i in range(start, start + n)]
+    items = [make_item(i, seed, split, style) for i in range(start, start + n)]
     images = np.stack([it.image for it in items]) if items else np.zeros((0, SIZE, SIZE, 3), np.uint8)
     return ImageSet(images, [it.cls for it in items], [it.prompt for it in items], [it.source for it in items])
 

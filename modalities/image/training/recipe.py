@@ -23,6 +23,7 @@ from pathlib import Path
 
 from specgen.settings import use_threads
 from specgen.errors import InvalidRequest
+from specgen.modalities.image.training.images import GLYPH_STYLES
 from specgen.modalities.training import (RunFolder, StepResult, StepSettings, add_run_options, progress_bar,
                                          run_steps, versions)
 
@@ -66,6 +67,8 @@ class TrainConfig(StepSettings):
             parts.append(f"--vq {self.vq_path}")
         if self.init_from:
             parts.append(f"--init-from {self.init_from}")
+        if self.extra.get("glyph_style"):
+            parts.append(f"--glyph-style {self.extra['glyph_style']}")
         if self.extra.get("vq_overrides"):
             parts.append(f"--vq-config '{json.dumps(self.extra['vq_overrides'], separators=(',', ':'))}'")
         if self.out:
@@ -141,7 +144,7 @@ def train(cfg: TrainConfig, resume: bool = True) -> dict:
     _train_steps(cfg, run, task, opt, state)
     if not state["eval"]:  # an export-only rerun of a checkpoint saved between evaluations
         state["eval"] = task.evaluate()
-    summary = _summary(cfg, task.model, state)
+    summary = _summary(cfg, task, state)
     run.record("training.json", summary)
     if cfg.out:
         out = Path(cfg.out)
@@ -179,7 +182,8 @@ def _train_steps(cfg: TrainConfig, run: RunFolder, task, opt, state: dict) -> No
     bar.close()
 
 
-def _summary(cfg: TrainConfig, model, state: dict) -> dict:
+def _summary(cfg: TrainConfig, task, state: dict) -> dict:
+    model = task.model
     losses = state["recent_losses"]
     return {
         "role": cfg.role, "params": sum(p.numel() for p in model.parameters()), "command": cfg.command(),
@@ -189,6 +193,8 @@ def _summary(cfg: TrainConfig, model, state: dict) -> dict:
         "final_train_loss_steps": len(losses), "eval": state["eval"],
         "wall_s": round(state["elapsed_s"], 1), "resumed_from_steps": state["resumed_from"],
         "threads": cfg.threads, "versions": versions(),
+        **({} if cfg.role == "vq" else {"glyph_style": cfg.extra.get("glyph_style", "varied"),
+                                        "vq_sha256": task.vq_sha256}),
     }
 
 
@@ -212,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vq-config", type=json.loads, default=None, metavar="JSON",
                    help="vq: architecture settings over the shipped ones (diffusers VQModel arguments), e.g. "
                         "'{\"num_vq_embeddings\": 1024, \"vq_embed_dim\": 16, \"latent_channels\": 16}' (pilots)")
+    p.add_argument("--glyph-style", choices=tuple(GLYPH_STYLES), default="varied",
+                   help="token models: the fonts and sizes of the glyph items (see images.GLYPH_STYLES)")
     a = p.parse_args(argv)
     if a.card:
         from specgen.modalities.image.training.card import card_figures
@@ -226,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
                  **({"run_dir": str(a.run_dir)} if a.run_dir else {}), out=str(a.out) if a.out else None,
                  checkpoint_minutes=a.checkpoint_minutes, eval_every=a.eval_every, eval_images=a.eval_images,
                  vq_path=str(a.vq) if a.vq else None,
-                 **({"extra": {"vq_overrides": a.vq_config}} if a.vq_config else {}))
+                 extra={**({"vq_overrides": a.vq_config} if a.vq_config else {}),
+                        **({"glyph_style": a.glyph_style} if a.glyph_style != "varied" else {})})
     summary = train(cfg, resume=not a.no_resume)
     print(json.dumps({k: summary[k] for k in ("role", "params", "steps", "final_train_loss", "eval", "wall_s")}))
     return 0

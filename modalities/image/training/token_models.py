@@ -42,7 +42,7 @@ def video_vocab(num_codes: int = 512, grid: int = 16) -> "ImageVocab":
     return ImageVocab(num_codes=num_codes, words=words, prefix_length=6, grid=grid, frames=clips.FRAMES)
 
 
-def _items(kind: str, n: int, seed: int, split: str, start: int):
+def _items(kind: str, n: int, seed: int, split: str, start: int, style: str = "varied"):
     """(frames uint8 [n * frames, 64, 64, 3], prompts, classes) of images or clips start .. start+n-1."""
     from specgen.modalities.image.training.clips import make_clips
     from specgen.modalities.image.training.images import make_dataset
@@ -50,12 +50,12 @@ def _items(kind: str, n: int, seed: int, split: str, start: int):
     if kind == "video":
         clips = make_clips(n, seed=seed, split=split, start=start)
         return clips.clips.reshape(-1, *clips.clips.shape[2:]), clips.prompts, clips.classes
-    items = make_dataset(n, seed=seed, split=split, start=start)
+    items = make_dataset(n, seed=seed, split=split, start=start, style=style)
     return items.images, items.prompts, items.classes
 
 
 def token_cache(run_dir: Path, vq_path: Path, num_images: int, eval_images: int, seed: int,
-                kind: str = "image") -> dict:
+                kind: str = "image", style: str = "varied") -> dict:
     """Training and held-out images (or clips, kind "video") encoded once with the VQ at vq_path, cached in
     run_dir/tokens.npz (rebuilt when the VQ weights, the counts, the kind or the seed change)."""
     import numpy as np
@@ -67,6 +67,8 @@ def token_cache(run_dir: Path, vq_path: Path, num_images: int, eval_images: int,
     key = {"vq_sha256": file_sha256(weights), "num_images": num_images, "eval_images": eval_images, "seed": seed}
     if kind != "image":
         key["kind"] = kind
+    if style != "varied":
+        key["glyph_style"] = style
     path, meta = run_dir / "tokens.npz", run_dir / "tokens.json"
     if path.exists() and meta.exists() and json.loads(meta.read_text()) == key:
         blob = np.load(path)
@@ -76,7 +78,7 @@ def token_cache(run_dir: Path, vq_path: Path, num_images: int, eval_images: int,
     for split, n in (("train", num_images), ("val", eval_images)):
         codes, prompts, classes = [], [], []
         for start in tqdm(range(0, n, chunk), desc=f"encode {split} {kind}", file=sys.stderr, leave=False):
-            frames, chunk_prompts, chunk_classes = _items(kind, min(chunk, n - start), seed, split, start)
+            frames, chunk_prompts, chunk_classes = _items(kind, min(chunk, n - start), seed, split, start, style)
             codes.append(encode(vq, frames).reshape(len(chunk_prompts), -1).numpy().astype(np.uint16))
             prompts += chunk_prompts
             classes += chunk_classes
@@ -120,7 +122,9 @@ class LMTask:
             raise ModelNotFound(f"the {cfg.role} trains on codes of the VQ in {str(vq_path)!r}, which is missing; "
                                 "train it first (--role vq --out that folder) or pass --vq")
         kind = "video" if cfg.role == "video" else "image"
-        self.tokens = token_cache(Path(cfg.run_dir), vq_path, cfg.num_images, cfg.eval_images, cfg.seed, kind)
+        self.vq_sha256 = file_sha256(vq_path / "diffusion_pytorch_model.safetensors")  # recorded with the model
+        self.tokens = token_cache(Path(cfg.run_dir), vq_path, cfg.num_images, cfg.eval_images, cfg.seed, kind,
+                                  cfg.extra.get("glyph_style", "varied"))
         make_vocab = video_vocab if kind == "video" else default_vocab
         self.vocab = make_vocab(num_codes=self.tokens["vq"].config.num_vq_embeddings)
         self.model = build_image_lm(cfg.role, self.vocab)
