@@ -129,7 +129,7 @@ def export_fp16(model, folder: Path, add_files=None, **save_options) -> Path:
     if add_files is not None:
         add_files(tmp)
     for path in tmp.iterdir():
-        path.chmod(0o644)
+        path.chmod(0o755 if path.is_dir() else 0o644)
     shutil.rmtree(folder, ignore_errors=True)
     folder.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, folder)

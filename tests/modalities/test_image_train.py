@@ -71,7 +71,7 @@ def test_token_model_two_steps_then_resume(role, trained_vq, tmp_path):
     assert main([*common, "--steps", "3", "--out", str(out)]) == 0
     summary = json.loads((out / "training.json").read_text())
     assert summary["steps"] == 3 and summary["resumed_from_steps"] == [2]
-    assert math.isfinite(summary["eval"]["eval_loss"])
+    assert math.isfinite(summary["eval"]["eval_loss"]) and math.isfinite(summary["eval"]["char_gain"])
     vocab = load_image_vocab(out)
     assert isinstance(vocab, ImageVocab) and vocab.num_codes == 512
     config = json.loads((out / "config.json").read_text())
@@ -95,11 +95,13 @@ def test_a_token_model_records_its_glyph_style_and_vq_and_refuses_another_vq(tra
     assert json.loads((run / "tokens.json").read_text())["glyph_style"] == "sans"
     with pytest.raises(InvalidRequest, match="different settings"):  # another style is another run
         main(["--role", "target", "--run-dir", str(run), "--vq", str(trained_vq / "out"), "--steps", "2", *LM_TINY])
-    assert vq_of(out) != out / "vq"  # no VQ of its own: the shipped one ...
-    with pytest.raises(InvalidRequest, match="another VQ"):  # ... which is not the one it was trained on
-        ImageGenerator(out)
-    shutil.copytree(trained_vq / "out", out / "vq")  # carried inside the model folder, it is the default
+    # trained on another VQ than the shipped one, the export carries a copy of it, which is its default
     assert vq_of(out) == out / "vq" and ImageGenerator(out).vq_path == out / "vq"
+    assert (out / "vq" / "config.json").stat().st_mode & 0o777 == 0o644
+    shutil.rmtree(out / "vq")  # without it: the shipped VQ, which is not the one it was trained on
+    with pytest.raises(InvalidRequest, match="another VQ"):
+        ImageGenerator(out)
+    assert ImageGenerator(out, trained_vq / "out").vq_path == trained_vq / "out"
 
 
 def test_token_model_needs_a_vq(tmp_path):

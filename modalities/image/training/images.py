@@ -104,6 +104,7 @@ GLYPH_STYLES: dict[str, GlyphStyle] = {
     "varied": GlyphStyle(),
     "sans": GlyphStyle(("DejaVuSans-Bold", "DejaVuSans", "LiberationSans-Bold", "LiberationSans-Regular"), (36, 52)),
     "bold": GlyphStyle(("DejaVuSans-Bold",), (44, 48), 2),
+    "fixed": GlyphStyle(("DejaVuSans-Bold",), (48, 48), 0),
 }
 
 

@@ -122,6 +122,7 @@ class LMTask:
             raise ModelNotFound(f"the {cfg.role} trains on codes of the VQ in {str(vq_path)!r}, which is missing; "
                                 "train it first (--role vq --out that folder) or pass --vq")
         kind = "video" if cfg.role == "video" else "image"
+        self.vq_path = vq_path
         self.vq_sha256 = file_sha256(vq_path / "diffusion_pytorch_model.safetensors")  # recorded with the model
         self.tokens = token_cache(Path(cfg.run_dir), vq_path, cfg.num_images, cfg.eval_images, cfg.seed, kind,
                                   cfg.extra.get("glyph_style", "varied"))
@@ -134,6 +135,7 @@ class LMTask:
         self._cond = {s: self.vocab.prompt_ids(s).tolist() for s in set(self.tokens["train_prompts"].tolist())
                       | set(self.tokens["train_classes"].tolist()) | set(self.tokens["val_prompts"].tolist())}
         self.eval_batch = self._sequences(self.tokens["val_codes"], self.tokens["val_prompts"].tolist())
+        self.glyph_batches = self._glyph_eval(self.tokens["val_codes"], self.tokens["val_prompts"].tolist())
 
     def _sequences(self, codes, conditions: list):
         """int64 [B, prompt_length + 256]; a condition of None means the unconditional prefix."""
@@ -163,16 +165,39 @@ class LMTask:
         logits = self.model(input_ids=ids[:, :-1]).logits[:, start - 1:]
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, start:].reshape(-1))
 
+    def _glyph_eval(self, codes, prompts: list):
+        """The held-out glyph images twice: under their own prompts, and with the character of another glyph
+        prompt in the same colours ("red K on blue" -> "red g on blue"), or None where there are under two glyph
+        prompts. The loss gap between the two is what the model has learnt of letter shapes."""
+        glyphs = [i for i, p in enumerate(prompts) if len(p.split()) == 4 and p.split()[2] == "on"]
+        if len(glyphs) < 2 or self.vocab.frames > 1:
+            return None
+        chars = [prompts[i].split()[1] for i in glyphs]
+        swapped = []
+        for k, i in enumerate(glyphs):
+            other = next(c for c in chars[k + 1:] + chars[:k] if c != chars[k]) if len(set(chars)) > 1 else chars[k]
+            fg, _, on, bg = prompts[i].split()
+            swapped.append(f"{fg} {other} {on} {bg}")
+            self._cond.setdefault(swapped[-1], self.vocab.prompt_ids(swapped[-1]).tolist())
+        return (self._sequences(codes[glyphs], [prompts[i] for i in glyphs]), self._sequences(codes[glyphs], swapped))
+
+    def _mean_loss(self, batch) -> float:
+        b = self.cfg.batch_size
+        return sum(self.loss(batch[i:i + b]).item() * len(batch[i:i + b]) for i in range(0, len(batch), b)) / len(batch)
+
     def evaluate(self) -> dict:
+        """The held-out loss (nats per code) and, for images, `char_gain`: how much lower the held-out glyphs' loss is
+        under their own character than under another's in the same colours (0: the model ignores the character)."""
         import torch
 
         self.model.eval()
         with torch.no_grad():
-            b = self.cfg.batch_size
-            total = sum(self.loss(self.eval_batch[i:i + b]).item() * len(self.eval_batch[i:i + b])
-                        for i in range(0, len(self.eval_batch), b))
+            out = {"eval_loss": round(self._mean_loss(self.eval_batch), 4)}
+            if self.glyph_batches is not None:
+                own, other = (self._mean_loss(batch) for batch in self.glyph_batches)
+                out["char_gain"] = round(other - own, 4)
         self.model.train()
-        return {"eval_loss": round(total / len(self.eval_batch), 4)}
+        return out
 
     def state(self) -> dict:
         return {}
@@ -181,4 +206,18 @@ class LMTask:
         pass
 
     def export(self, out: Path) -> None:
-        export_fp16(self.model, out, lambda tmp: self.vocab.save(tmp / "vocab.json"))
+        """The model in fp16 with its vocabulary, and a copy of its VQ in out/vq where that is not the shipped VQ
+        (a model folder then decodes with the tokenizer it was trained on wherever it goes)."""
+        import shutil
+
+        from specgen.modalities.image.models import default_paths
+
+        shipped = default_paths()["vq"] / "diffusion_pytorch_model.safetensors"
+        own = not shipped.exists() or file_sha256(shipped) != self.vq_sha256
+
+        def add_files(tmp: Path) -> None:
+            self.vocab.save(tmp / "vocab.json")
+            if own:
+                shutil.copytree(self.vq_path, tmp / "vq", ignore=shutil.ignore_patterns("*.tmp"))
+
+        export_fp16(self.model, out, add_files)
