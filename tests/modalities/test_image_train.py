@@ -104,6 +104,17 @@ def test_a_token_model_records_its_glyph_style_and_vq_and_refuses_another_vq(tra
     assert ImageGenerator(out, trained_vq / "out").vq_path == trained_vq / "out"
 
 
+def test_swapped_characters_keep_the_colours_and_change_every_letter():
+    from specgen.modalities.image.training.token_models import swap_characters
+
+    prompts = ["red K on blue", "photo of cat", "green K on white", "digit 3", "green digit 3 on black",
+               "white g on black"]
+    glyphs, swapped = swap_characters(prompts)
+    assert glyphs == [0, 2, 5]  # scanned digits ("green digit 3 on black") and photos are not glyph prompts
+    assert swapped == ["red g on blue", "green g on white", "white K on black"]
+    assert swap_characters(["red K on blue"]) == ([0], ["red K on blue"])  # no other letter to take
+
+
 def test_token_model_needs_a_vq(tmp_path):
     with pytest.raises(ModelNotFound, match="VQ"):
         main(["--role", "draft", "--steps", "1", "--run-dir", str(tmp_path), "--vq", str(tmp_path / "none"),

@@ -90,6 +90,35 @@ def token_cache(run_dir: Path, vq_path: Path, num_images: int, eval_images: int,
     return out | {"vq": vq}
 
 
+def code_loss(model, vocab: "ImageVocab", ids):
+    """Mean cross-entropy (nats per code) of the image codes of ids [B, prompt_length + codes] under `model`."""
+    import torch.nn.functional as F
+
+    start = vocab.prompt_length  # first image code position
+    logits = model(input_ids=ids[:, :-1]).logits[:, start - 1:]
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, start:].reshape(-1))
+
+
+def mean_code_loss(model, vocab: "ImageVocab", ids, batch_size: int = 16) -> float:
+    """code_loss over ids in batches of batch_size (call under no_grad)."""
+    return sum(code_loss(model, vocab, ids[i:i + batch_size]).item() * len(ids[i:i + batch_size])
+               for i in range(0, len(ids), batch_size)) / len(ids)
+
+
+def swap_characters(prompts: list[str]) -> tuple[list[int], list[str]]:
+    """The indices of the glyph prompts ("red K on blue") and each of them with the character of the next glyph
+    prompt that asks for another character, in its own colours ("red g on blue"): the same pictures described
+    with the wrong letter, to measure how much a model's loss depends on the letter (`char_gain`)."""
+    glyphs = [i for i, p in enumerate(prompts) if len(p.split()) == 4 and p.split()[2] == "on"]
+    chars = [prompts[i].split()[1] for i in glyphs]
+    swapped = []
+    for k, i in enumerate(glyphs):
+        other = next((c for c in chars[k + 1:] + chars[:k] if c != chars[k]), chars[k])
+        fg, _, on, bg = prompts[i].split()
+        swapped.append(f"{fg} {other} {on} {bg}")
+    return glyphs, swapped
+
+
 def start_from(model, path: Path) -> None:
     """Copy the weights of the token model at `path` into `model` (same layer shapes): the vocabulary of `model`
     may extend it (ids kept, new words appended), whose new embedding and head rows keep their fresh init."""
@@ -159,31 +188,20 @@ class LMTask:
         return self._sequences(self.tokens["train_codes"][idx], conds)
 
     def loss(self, ids, step: int = 0):
-        import torch.nn.functional as F
-
-        start = self.vocab.prompt_length  # first image code position
-        logits = self.model(input_ids=ids[:, :-1]).logits[:, start - 1:]
-        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids[:, start:].reshape(-1))
+        return code_loss(self.model, self.vocab, ids)
 
     def _glyph_eval(self, codes, prompts: list):
-        """The held-out glyph images twice: under their own prompts, and with the character of another glyph
-        prompt in the same colours ("red K on blue" -> "red g on blue"), or None where there are under two glyph
-        prompts. The loss gap between the two is what the model has learnt of letter shapes."""
-        glyphs = [i for i, p in enumerate(prompts) if len(p.split()) == 4 and p.split()[2] == "on"]
+        """The held-out glyph images under their own prompts and under `swap_characters`' (None for clips, or with
+        under two glyph prompts): the loss gap between the two is what the model has learnt of letter shapes."""
+        glyphs, swapped = swap_characters(prompts)
         if len(glyphs) < 2 or self.vocab.frames > 1:
             return None
-        chars = [prompts[i].split()[1] for i in glyphs]
-        swapped = []
-        for k, i in enumerate(glyphs):
-            other = next(c for c in chars[k + 1:] + chars[:k] if c != chars[k]) if len(set(chars)) > 1 else chars[k]
-            fg, _, on, bg = prompts[i].split()
-            swapped.append(f"{fg} {other} {on} {bg}")
-            self._cond.setdefault(swapped[-1], self.vocab.prompt_ids(swapped[-1]).tolist())
+        for prompt in swapped:
+            self._cond.setdefault(prompt, self.vocab.prompt_ids(prompt).tolist())
         return (self._sequences(codes[glyphs], [prompts[i] for i in glyphs]), self._sequences(codes[glyphs], swapped))
 
     def _mean_loss(self, batch) -> float:
-        b = self.cfg.batch_size
-        return sum(self.loss(batch[i:i + b]).item() * len(batch[i:i + b]) for i in range(0, len(batch), b)) / len(batch)
+        return mean_code_loss(self.model, self.vocab, batch, self.cfg.batch_size)
 
     def evaluate(self) -> dict:
         """The held-out loss (nats per code) and, for images, `char_gain`: how much lower the held-out glyphs' loss is
