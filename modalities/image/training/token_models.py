@@ -57,7 +57,7 @@ def _items(kind: str, n: int, seed: int, split: str, start: int, style: str = "v
 def token_cache(run_dir: Path, vq_path: Path, num_images: int, eval_images: int, seed: int,
                 kind: str = "image", style: str = "varied") -> dict:
     """Training and held-out images (or clips, kind "video") encoded once with the VQ at vq_path, cached in
-    run_dir/tokens.npz (rebuilt when the VQ weights, the counts, the kind or the seed change)."""
+    run_dir/tokens.npz (rebuilt when the VQ weights, the counts, the kind, the glyph style or the seed change)."""
     import numpy as np
     from specgen.modalities.image.vq import encode, load_vq
     from tqdm import tqdm
