@@ -1,12 +1,12 @@
 """Helpers shared by the feature drafters' tests (test_eagle_text.py, test_poss.py, test_mtp.py, test_head_tree.py,
-test_falcon.py): a
-head fitted for a few seconds to a tiny target's features, the draft's law computed the reference way, the largest
-gap between a run's reported draft laws and that reference, and the exact-enumeration oracle over the head's
-chains."""
+test_falcon.py): a head fitted for a few seconds to a tiny target's features, the draft's law computed the reference
+way, the largest gap between a run's reported draft laws and that reference, the exact-enumeration oracle over the
+head's chains, and the checks every such drafter passes against plain decoding (greedy equality alone, in samples
+and in ragged batches; the chi-square fit of sampled output, which a leaking rule fails)."""
 
 import torch
 
-from chain_checks import Recorder, chain_proposals
+from chain_checks import LeakyRule, Recorder, chain_proposals, sampled_fit
 from tiny_models import HFTable
 from specgen.modalities.drafters.eagle import TextEagleHead, load_head, output_layer
 from specgen.samplers.oracle import exact_output, max_abs_diff, target_joint
@@ -159,3 +159,32 @@ def enumeration_gap(model, head, rule, chain: int, prompt=(0, 2, 3), new_tokens:
     out = exact_output(target, processing, rule, lambda prefix: chain_proposals(law, prefix, chain), prompt,
                        new_tokens)
     return max_abs_diff(out, target_joint(target, processing, prompt, new_tokens))
+
+
+def assert_greedy_is_plain(generator, method: str, params: dict, accepted: bool = False) -> None:
+    """Greedy `method` at `params` reproduces plain decoding token for token, alone and as two samples (and, with
+    `accepted`, accepts some drafted token on the way)."""
+    plain = generator.generate(PROMPT, method="ar", max_new_tokens=40)
+    spec = generator.generate(PROMPT, method=method, max_new_tokens=40, **params)
+    assert spec.tokens == plain.tokens and spec.stats["lossless"]
+    assert spec.stats["accepted"] > 0 or not accepted
+    batch = generator.generate(PROMPT, method=method, max_new_tokens=40, num_samples=2, **params)
+    assert all(s["tokens"] == plain.tokens for s in batch.samples)
+
+
+def assert_ragged_is_alone(generator, method: str, params: dict | None = None) -> None:
+    """Ragged prompts batched together (one of a single token: no pair) decode as each does alone."""
+    prompts = [generator.encode(p) for p in (PROMPT, "x", "ab (ab")] + [torch.tensor([3])]
+    alone = [generator.pipeline("ar", [p], max_new_tokens=24).generate([p]).tokens[0] for p in prompts]
+    together = generator.pipeline(method, prompts, max_new_tokens=24, params=params or {}).generate(prompts)
+    assert together.tokens == alone and together.stats["accepted"] > 0
+
+
+def assert_sampling_law(generator, method: str, params: dict, exact: bool = True) -> None:
+    """Sampled output fits the target's joint (chi-square) and drafts pay (tau > 1.05); with `exact` False the
+    method's rule is replaced by one that lets the draft's law leak into the output, which must fail the fit."""
+    fit, stats = sampled_fit(generator, method, params, None if exact else LeakyRule())
+    if exact:
+        assert fit.p_value > 1e-4 and stats["tau"] > 1.05, (fit, stats["tau"])
+    else:
+        assert fit.p_value < 1e-6, fit

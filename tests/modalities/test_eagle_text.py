@@ -11,8 +11,9 @@ import json
 import pytest
 import torch
 
-from chain_checks import LeakyRule, Recorder, queued_and_alone, sampled_fit
-from feature_heads import PROMPT, enumeration_gap, fitted_head, law_errors
+from chain_checks import LeakyRule, Recorder, queued_and_alone
+from feature_heads import (PROMPT, assert_greedy_is_plain, assert_ragged_is_alone, assert_sampling_law, enumeration_gap,
+                           fitted_head, law_errors)
 from tiny_models import save_tiny, save_tiny_gemma_served
 from specgen.errors import InvalidRequest, ModelNotFound
 from specgen.modalities.drafters.eagle import EagleDrafter, find_head
@@ -76,11 +77,7 @@ def test_a_head_fed_stale_features_is_caught(generator, tiny):
 @pytest.mark.parametrize("params", [{}, {"num_draft_tokens": 1}, {"num_draft_tokens": 8},
                                     {"length_schedule": "kangaroo"}, {"length_schedule": "svip"}])
 def test_greedy_eagle_equals_plain_decoding(generator, params):
-    plain = generator.generate(PROMPT, method="ar", max_new_tokens=40)
-    spec = generator.generate(PROMPT, method="eagle", max_new_tokens=40, **params)
-    assert spec.tokens == plain.tokens and spec.stats["lossless"]
-    batch = generator.generate(PROMPT, method="eagle", max_new_tokens=40, num_samples=2, **params)
-    assert all(s["tokens"] == plain.tokens for s in batch.samples)
+    assert_greedy_is_plain(generator, "eagle", params)
 
 
 def test_token_wise_length_rules_cut_the_heads_chains(generator):
@@ -105,21 +102,15 @@ def test_auto_times_and_serves_the_head(generator, tmp_path, monkeypatch):
 
 
 def test_ragged_prompts_decode_as_they_do_alone(generator):
-    prompts = [generator.encode(p) for p in (PROMPT, "x", "ab (ab")] + [torch.tensor([3])]  # one token: no pair
-    alone = [generator.pipeline("ar", [p], max_new_tokens=24).generate([p]).tokens[0] for p in prompts]
-    together = generator.pipeline("eagle", prompts, max_new_tokens=24).generate(prompts)
-    assert together.tokens == alone and together.stats["accepted"] > 0
+    assert_ragged_is_alone(generator, "eagle")
 
 
 def test_sampled_eagle_follows_the_target(generator):
-    fit, stats = sampled_fit(generator, "eagle", {"num_draft_tokens": 2})
-    assert fit.p_value > 1e-4, fit
-    assert stats["tau"] > 1.05
+    assert_sampling_law(generator, "eagle", {"num_draft_tokens": 2})
 
 
 def test_the_drafts_law_leaking_into_the_output_fails_the_same_test(generator):
-    fit, _ = sampled_fit(generator, "eagle", {"num_draft_tokens": 2}, LeakyRule())
-    assert fit.p_value < 1e-6, fit
+    assert_sampling_law(generator, "eagle", {"num_draft_tokens": 2}, exact=False)
 
 
 @pytest.mark.parametrize("rule,exact", [(ChainRejection(), True), (LeakyRule(), False)])

@@ -11,8 +11,9 @@ import json
 import pytest
 import torch
 
-from chain_checks import LeakyRule, Recorder, queued_and_alone, sampled_fit
-from feature_heads import PROMPT, enumeration_gap, fitted_head, law_errors
+from chain_checks import LeakyRule, Recorder, queued_and_alone
+from feature_heads import (PROMPT, assert_greedy_is_plain, assert_ragged_is_alone, assert_sampling_law, enumeration_gap,
+                           fitted_head, law_errors)
 from tiny_models import save_tiny
 from specgen.errors import ModelNotFound
 from specgen.modalities.drafters.eagle import TextEagleHead
@@ -67,31 +68,21 @@ def test_module_fed_stale_features_is_caught(generator, tiny):
 @pytest.mark.parametrize("params", [{}, {"num_draft_tokens": 1}, {"num_draft_tokens": 6},
                                     {"length_schedule": "kangaroo"}])
 def test_greedy_mtp_equals_plain_decoding(generator, params):
-    plain = generator.generate(PROMPT, method="ar", max_new_tokens=40)
-    spec = generator.generate(PROMPT, method="mtp", max_new_tokens=40, **params)
-    assert spec.tokens == plain.tokens and spec.stats["lossless"]
-    batch = generator.generate(PROMPT, method="mtp", max_new_tokens=40, num_samples=2, **params)
-    assert all(s["tokens"] == plain.tokens for s in batch.samples)
+    assert_greedy_is_plain(generator, "mtp", params)
 
 
 def test_ragged_prompts_and_continuous_batching_decode_as_each_prompt_alone(generator):
-    prompts = [generator.encode(p) for p in (PROMPT, "x", "ab (ab")] + [torch.tensor([3])]  # one token: no pair
-    alone = [generator.pipeline("ar", [p], max_new_tokens=24).generate([p]).tokens[0] for p in prompts]
-    result = generator.pipeline("mtp", prompts, max_new_tokens=24, params={"num_draft_tokens": 4}).generate(prompts)
-    assert result.tokens == alone and result.stats["accepted"] > 0
+    assert_ragged_is_alone(generator, "mtp", {"num_draft_tokens": 4})
     served, alone = queued_and_alone(generator, "mtp", {"num_draft_tokens": 4})
     assert served == alone
 
 
 def test_sampled_mtp_follows_the_target(generator):
-    fit, stats = sampled_fit(generator, "mtp", {"num_draft_tokens": 3})
-    assert fit.p_value > 1e-4, fit
-    assert stats["tau"] > 1.05
+    assert_sampling_law(generator, "mtp", {"num_draft_tokens": 3})
 
 
 def test_the_drafts_law_leaking_into_the_output_fails_the_same_test(generator):
-    fit, _ = sampled_fit(generator, "mtp", {"num_draft_tokens": 3}, LeakyRule())
-    assert fit.p_value < 1e-6, fit
+    assert_sampling_law(generator, "mtp", {"num_draft_tokens": 3}, exact=False)
 
 
 @pytest.mark.parametrize("rule,exact", [(ChainRejection(), True), (LeakyRule(), False)])

@@ -11,8 +11,9 @@ import json
 import pytest
 import torch
 
-from chain_checks import LeakyRule, queued_and_alone, sampled_fit
-from feature_heads import PROMPT, enumeration_gap, fitted_head, law_errors
+from chain_checks import LeakyRule, queued_and_alone
+from feature_heads import (PROMPT, assert_greedy_is_plain, assert_ragged_is_alone, assert_sampling_law, enumeration_gap,
+                           fitted_head, law_errors)
 from tiny_models import save_tiny
 from specgen.errors import ModelNotFound
 from specgen.modalities.drafters.poss import PossHead, find_poss, load_poss
@@ -81,19 +82,11 @@ def test_each_depth_reads_its_own_specialist(generator):
 @pytest.mark.parametrize("params", [{}, {"num_draft_tokens": 1}, {"num_draft_tokens": 2}, {"num_draft_tokens": 8},
                                     {"length_schedule": "kangaroo"}])
 def test_greedy_poss_equals_plain_decoding(generator, params):
-    plain = generator.generate(PROMPT, method="ar", max_new_tokens=40)
-    spec = generator.generate(PROMPT, method="poss", max_new_tokens=40, **params)
-    assert spec.tokens == plain.tokens and spec.stats["lossless"]
-    batch = generator.generate(PROMPT, method="poss", max_new_tokens=40, num_samples=2, **params)
-    assert all(s["tokens"] == plain.tokens for s in batch.samples)
+    assert_greedy_is_plain(generator, "poss", params)
 
 
 def test_ragged_prompts_decode_as_they_do_alone(generator):
-    prompts = [generator.encode(p) for p in (PROMPT, "x", "ab (ab")] + [torch.tensor([3])]  # one token: no pair
-    alone = [generator.pipeline("ar", [p], max_new_tokens=24).generate([p]).tokens[0] for p in prompts]
-    together = generator.pipeline("poss", prompts, max_new_tokens=24, params={"num_draft_tokens": 4})
-    result = together.generate(prompts)
-    assert result.tokens == alone and result.stats["accepted"] > 0
+    assert_ragged_is_alone(generator, "poss", {"num_draft_tokens": 4})
 
 
 def test_continuous_batching_equals_each_prompt_alone(generator):
@@ -104,14 +97,11 @@ def test_continuous_batching_equals_each_prompt_alone(generator):
 
 
 def test_sampled_poss_follows_the_target(generator):
-    fit, stats = sampled_fit(generator, "poss", {"num_draft_tokens": 3})
-    assert fit.p_value > 1e-4, fit
-    assert stats["tau"] > 1.05
+    assert_sampling_law(generator, "poss", {"num_draft_tokens": 3})
 
 
 def test_the_drafts_law_leaking_into_the_output_fails_the_same_test(generator):
-    fit, _ = sampled_fit(generator, "poss", {"num_draft_tokens": 3}, LeakyRule())
-    assert fit.p_value < 1e-6, fit
+    assert_sampling_law(generator, "poss", {"num_draft_tokens": 3}, exact=False)
 
 
 @pytest.mark.parametrize("rule,exact", [(ChainRejection(), True), (LeakyRule(), False)])
