@@ -162,7 +162,7 @@ def quality_summary(runs: list[dict], prompts: list[Prompt], methods: list[str],
         for sample in range(CEILING_RENDERS):
             rng = judge.render_rng(prompt.prompt, sample)
             if frames > 1:
-                clip = judge.true_clip(ask, rng, frames)
+                clip = judge.true_clip(ask, rng, frames, glyph_style)
                 ceiling.append(judge.score_clip(judge.judge_clip(clip), ask))
                 if vq is not None:
                     coded.append(judge.score_clip(judge.judge_clip(list(reconstruct(vq, clip))), ask))

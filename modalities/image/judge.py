@@ -295,19 +295,12 @@ def true_image(ask: Ask, rng: np.random.Generator, style: str = "varied") -> np.
     return images.render_glyph(ask.char, fg, bg, font=font, size=size, dx=dx, dy=dy)
 
 
-def true_clip(ask: Ask, rng: np.random.Generator, frames: int = clips.FRAMES) -> np.ndarray:
-    """A clip of the asked glyph and motion in the training clips' style (`clips.clip_item`: size 24-36, a path
-    centred along the motion, any offset across it). uint8 [frames, 64, 64, 3]."""
+def true_clip(ask: Ask, rng: np.random.Generator, frames: int = clips.FRAMES, style: str = "varied") -> np.ndarray:
+    """A clip of the asked glyph and motion as the training clips draw it in glyph `style` (`clips.glyph_path`).
+    uint8 [frames, 64, 64, 3]."""
     fg, bg = _colours(ask, rng)
-    fonts = images.font_files()
-    size = int(rng.integers(24, 37))
-    along = -clips.STEP_PX * (frames - 1) // 2 + int(rng.integers(-3, 4))
-    reach = (images.SIZE - size) // 3
-    across = int(rng.integers(-reach, reach + 1))
-    mx, my = clips.MOTIONS[ask.motion]
-    start = (along * mx + across * (1 - abs(mx)), along * my + across * (1 - abs(my)))
-    return clips.render_clip(ask.char, fg, bg, ask.motion, font=fonts[rng.integers(len(fonts))], size=size,
-                             start=start, frames=frames)
+    font, size, start = clips.glyph_path(clips.clip_style(style), ask.motion, rng, frames)
+    return clips.render_clip(ask.char, fg, bg, ask.motion, font=font, size=size, start=start, frames=frames)
 
 
 def _colours(ask: Ask, rng: np.random.Generator) -> tuple[str, str]:

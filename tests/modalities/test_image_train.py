@@ -93,8 +93,8 @@ def test_a_token_model_records_its_glyph_style_and_vq_and_refuses_another_vq(tra
     summary = json.loads((out / "training.json").read_text())
     assert "--glyph-style sans" in summary["command"] and glyph_style_of(out) == "sans"
     assert json.loads((run / "tokens.json").read_text())["glyph_style"] == "sans"
-    with pytest.raises(InvalidRequest, match="glyph-style"):  # clips and the VQ have no glyph style
-        main(["--role", "video", "--run-dir", str(tmp_path / "v"), "--glyph-style", "bold", "--steps", "1"])
+    with pytest.raises(InvalidRequest, match="glyph-style"):  # the VQ's data has no glyph style
+        main(["--role", "vq", "--run-dir", str(tmp_path / "v"), "--glyph-style", "bold", "--steps", "1"])
     with pytest.raises(InvalidRequest, match="different settings"):  # another style is another run
         main(["--role", "target", "--run-dir", str(run), "--vq", str(trained_vq / "out"), "--steps", "2", *LM_TINY])
     # trained on another VQ than the shipped one, the export carries a copy of it, which is its default

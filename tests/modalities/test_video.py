@@ -95,3 +95,20 @@ def test_clips_move_one_token_a_frame():
     assert len(vocab.condition_ids(prompt)) == 6 and vocab.condition_ids("red K on blue")
     with pytest.raises(InvalidRequest, match="motion"):
         clips.render_clip("K", "red", "blue", "sideways")
+
+
+def test_a_clip_style_draws_the_same_clips_in_its_font_and_sizes():
+    from specgen.modalities.image import judge
+
+    varied, bold = clips.make_clips(6, seed=2), clips.make_clips(6, seed=2, style="bold")
+    assert varied.prompts == bold.prompts and not np.array_equal(varied.clips, bold.clips)
+    for clip in bold.clips:  # 32-36 px DejaVu Sans Bold: the ink is at least ~20 px high in every frame
+        ink = (clip != clip[0, 0, 0]).any(axis=3)
+        assert all(np.ptp(np.flatnonzero(frame.any(axis=1))) >= 18 for frame in ink)
+    with pytest.raises(InvalidRequest, match="glyph style"):
+        clips.make_clips(1, style="sans")  # an image style without a clip counterpart
+    ask = judge.parse_prompt("red K moving left on blue")  # the judge's true clips follow the style
+    assert np.array_equal(judge.true_clip(ask, judge.render_rng("a", 0), style="bold")[0, 0, 0],
+                          judge.true_clip(ask, judge.render_rng("a", 0))[0, 0, 0])
+    assert not np.array_equal(judge.true_clip(ask, judge.render_rng("a", 0), style="bold"),
+                              judge.true_clip(ask, judge.render_rng("a", 0)))

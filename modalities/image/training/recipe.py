@@ -130,8 +130,8 @@ def train(cfg: TrainConfig, resume: bool = True) -> dict:
         raise InvalidRequest(f"role must be one of {', '.join(ROLES)}, not {cfg.role!r}")
     if cfg.steps < 0 or cfg.batch_size < 1 or cfg.lr <= 0 or cfg.threads < 1:
         raise InvalidRequest("steps must be >= 0 and batch size, lr and threads positive")
-    if cfg.extra.get("glyph_style") and cfg.role in ("vq", "video"):
-        raise InvalidRequest(f"--glyph-style applies to the image token models (target, draft), not to {cfg.role}")
+    if cfg.extra.get("glyph_style") and cfg.role == "vq":
+        raise InvalidRequest("--glyph-style applies to the token models' data, not to the VQ's")
     run = RunFolder(cfg.run_dir)
     use_threads(cfg.threads)
     torch.manual_seed(cfg.seed)

@@ -48,7 +48,7 @@ def _items(kind: str, n: int, seed: int, split: str, start: int, style: str = "v
     from specgen.modalities.image.training.images import make_dataset
 
     if kind == "video":
-        clips = make_clips(n, seed=seed, split=split, start=start)
+        clips = make_clips(n, seed=seed, split=split, start=start, style=style)
         return clips.clips.reshape(-1, *clips.clips.shape[2:]), clips.prompts, clips.classes
     items = make_dataset(n, seed=seed, split=split, start=start, style=style)
     return items.images, items.prompts, items.classes
