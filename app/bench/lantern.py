@@ -8,6 +8,9 @@ Speed: per prompt and repeat every setting runs once after `ar`, same seed; repo
 over `ar` of the same round (median with a bootstrap 95 % interval). Greedy `eagle` must reproduce `ar` token
 for token on every prompt.
 
+The judge (--quality): Tesseract OCR and palette colours of every image of the speed runs, per setting and as the
+difference from `ar` with a 95 % interval (`judge_summary`).
+
 Quality (--quality-samples N): N images per setting over the prompts of the first N/20 validation items (20
 samples each, one batch), scored by the shipped classifier (assets/image/classifier): the Fréchet distance of
 its features to the VQ reconstructions of the first N validation images, the AR-vs-AR floor (a second AR set
@@ -57,10 +60,13 @@ def label(method: str, knobs: dict) -> str:
     return f"{method} ({extra})" if extra else method
 
 
-def run_speed(generator, prompts, chosen, repeats: int, shape: str | None, progress) -> dict:
+def run_speed(generator, prompts, chosen, repeats: int, shape: str | None, progress, judged: bool = False) -> dict:
     """Per prompt: greedy `eagle` against greedy `ar` (exactness), then every repeat `ar` and every setting with
-    the repeat's seed, each setting's speedup measured against the `ar` run of its round."""
-    runs, exact = [], []
+    the repeat's seed, each setting's speedup measured against the `ar` run of its round. `judged`: the independent
+    judge scores every image (`judge_summary`)."""
+    from specgen.app.bench.image import judge_sample
+
+    runs, exact, ar_scores = [], [], []
     extra = {"shape": shape} if shape else {}
     for round_ in rounds(prompts, [("ar", {}), *chosen], repeats, rotate=False):
         prompt, repeat = round_.prompt, round_.repeat
@@ -73,15 +79,18 @@ def run_speed(generator, prompts, chosen, repeats: int, shape: str | None, progr
             result = generator.generate(prompt.prompt, method=method, seed=repeat,
                                         **({} if method == "ar" else {**knobs, **extra}))
             progress.update(1)
+            score = judge_sample(result.image, prompt.prompt) if judged else None
             if method == "ar":
                 ar = result
+                ar_scores.append(score)
                 continue
             stats = result.stats
             runs.append({"prompt": prompt.id, "category": prompt.category, "repeat": repeat,
                          "setting": label(method, knobs), "method": method, "knobs": knobs,
                          "steps": stats["steps"], "tau": stats["tau"], "wall_s": stats["wall_s"],
                          "relaxed_share": stats.get("relaxed_share"),
-                         "speedup": ar.stats["wall_s"] / stats["wall_s"], "ar_wall_s": ar.stats["wall_s"]})
+                         "speedup": ar.stats["wall_s"] / stats["wall_s"], "ar_wall_s": ar.stats["wall_s"],
+                         **({"quality": score} if judged else {})})
     table = []
     for name in dict.fromkeys(r["setting"] for r in runs):
         items = [r for r in runs if r["setting"] == name]
@@ -93,7 +102,31 @@ def run_speed(generator, prompts, chosen, repeats: int, shape: str | None, progr
                       "relaxed_share": statistics.median(shares) if shares else None,
                       "speedup": median, "speedup_ci95": ci})
     return {"table": table, "items": runs, "exactness": exact,
-            "all_identical_to_ar": all(e["identical_to_ar"] for e in exact)}
+            "all_identical_to_ar": all(e["identical_to_ar"] for e in exact),
+            **({"judge": judge_summary(runs, ar_scores)} if judged else {})}
+
+
+def judge_summary(runs: list[dict], ar_scores: list) -> dict:
+    """Per setting (and `ar`): the judge's shares over its judged images, and each share's difference from `ar`'s
+    with a 95 % interval (Agresti-Caffo: one success and one failure added to each side, so shares of 0 or 1 still
+    get a width): an exact method's interval holds 0 but for chance, a relaxed one shows what its relaxation costs in
+    letters and colours."""
+    from specgen.modalities.image import judge
+
+    rows = {"ar": judge.summarise([s for s in ar_scores if s])}
+    for name in dict.fromkeys(r["setting"] for r in runs):
+        rows[name] = judge.summarise([r["quality"] for r in runs if r["setting"] == name and r.get("quality")])
+    base = rows["ar"]
+    for name, row in rows.items():
+        if name == "ar":
+            continue
+        row["vs_ar"] = {}
+        for key in ("ocr_folded", "fg", "bg"):
+            if key in row and key in base:
+                (a, n), (b, m) = ((r[key] * r[f"{key}_n"] + 1, r[f"{key}_n"] + 2) for r in (row, base))
+                centre, half = a / n - b / m, 1.96 * (a / n * (1 - a / n) / n + b / m * (1 - b / m) / m) ** 0.5
+                row["vs_ar"][key] = [round(row[key] - base[key], 4), round(centre - half, 4), round(centre + half, 4)]
+    return rows
 
 
 # ---- quality ------------------------------------------------------------------------------------------------------
@@ -251,6 +284,25 @@ def render_markdown(result: dict, plot_name: str | None) -> str:
         lines.append(f"| {row['setting']} | {row['steps']:.0f} | {row['tau']:.2f} | {share} | "
                      f"{row['speedup']:.2f}×" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") + " |")
     lines += ["", f"Greedy `eagle` identical to `ar` on every prompt: {speed['all_identical_to_ar']}."]
+    if speed.get("judge"):
+        lines += ["", "## The independent judge", "",
+                  "Tesseract OCR of the glyph and its palette colours on every image of the runs above "
+                  "(modalities/image/judge.py; prompts with nothing to judge left out), and each setting's "
+                  "difference from `ar` with a 95 % interval:", "",
+                  "| setting | images | OCR case-folded | glyph colour | background colour | Δ OCR vs ar | "
+                  "Δ glyph colour | Δ background |", "|---|---|---|---|---|---|---|---|"]
+
+        def share(row, key):
+            return f"{row[key]:.2f}" if key in row else "—"
+
+        def delta(row, key):
+            d = row.get("vs_ar", {}).get(key)
+            return f"{d[0]:+.2f} [{d[1]:+.2f}, {d[2]:+.2f}]" if d else "—"
+
+        for name, row in speed["judge"].items():
+            lines.append(f"| {name} | {row['samples']} | {share(row, 'ocr_folded')} | {share(row, 'fg')} | "
+                         f"{share(row, 'bg')} | {delta(row, 'ocr_folded')} | {delta(row, 'fg')} | "
+                         f"{delta(row, 'bg')} |")
     quality = result.get("quality")
     if quality:
         lines += ["", f"## Quality ({quality['samples']} samples per setting)", "",
@@ -302,7 +354,8 @@ def bench_lantern(args, methods) -> dict:
     if quality_n:
         total += (2 + len(measured)) * len(quality_prompts(quality_n))
     with progress_bar(total, "bench image (head)") as progress:
-        speed = run_speed(generator, prompts, chosen, args.repeats, shape, progress)
+        speed = run_speed(generator, prompts, chosen, args.repeats, shape, progress,
+                          judged=getattr(args, "quality", False))
         cache = cache_dir() / "bench-lantern" / cache_key(generator, shape or defaults["shape"])
         quality = (run_quality(generator, measured, quality_n, cache, progress, {"shape": shape} if shape else {})
                    if quality_n else None)

@@ -69,7 +69,7 @@ def test_bench_lantern_reports_speed_quality_and_a_frontier(tmp_path, monkeypatc
     prompts.write_text(json.dumps({"id": "k", "prompt": "red K on blue", "category": "glyph"}) + "\n")
     args = argparse.Namespace(model=None, head=None, threads=1, prompts=prompts, lambdas=[5.0], deltas=[0.2],
                               shape="chain-3", quality_samples=20, quality_methods=["lantern++"], repeats=1,
-                              out_dir=tmp_path / "out", argv=["bench"])
+                              out_dir=tmp_path / "out", argv=["bench"], quality=True)
     result = bench_lantern(args, ["lantern", "lantern++"])  # speed for both, quality for lantern++ only
     rows = {row["setting"]: row for row in result["speed"]["table"]}
     assert set(rows) == {"lantern (δ 0.2)", "lantern++ (λ 5)"}
@@ -79,11 +79,35 @@ def test_bench_lantern_reports_speed_quality_and_a_frontier(tmp_path, monkeypatc
     assert set(quality["settings"]) == {"lantern++ (λ 5)"}
     report = (tmp_path / "out" / "image-lantern-latest.md").read_text()
     assert "FD − FD_AR" in report and "image-lantern-latest.png" in report
+    judged = result["speed"]["judge"]  # --quality: the independent judge on every image of the speed runs
+    assert set(judged) == {"ar", *rows} and all(row["samples"] == 1 for row in judged.values())
+    assert "The independent judge" in report and "Δ OCR vs ar" in report
     assert "nan" not in report  # quality rows are named as the speed rows whatever the shape, so speedups join
     assert (tmp_path / "out" / "image-lantern-latest.png").stat().st_size > 1000
     assert (tmp_path / "out" / "image-lantern-latest-samples.png").exists() and "samples" in report
     cached = list((tmp_path / "home" / "bench-lantern").rglob("*.npy"))
     assert len(cached) == 3  # two AR sets and one setting, one prompt each: a rerun resumes from these
+
+
+def test_the_head_bench_judges_every_image_against_ar():
+    """`bench image --quality` with the head's methods: per setting the judge's shares and their difference from
+    `ar`'s with an interval that excludes 0 only for a real difference."""
+    from specgen.app.bench.lantern import judge_summary
+
+    def scores(right: int, n: int = 10):
+        return [{"group": "uppercase", "ocr_strict": k < right, "ocr_folded": k < right, "fg": True, "bg": k % 2 == 0}
+                for k in range(n)]
+
+    runs = [{"setting": "better", "quality": q} for q in scores(10)] + \
+        [{"setting": "same", "quality": q} for q in scores(5)] + [{"setting": "photo", "quality": None}]
+    summary = judge_summary(runs, scores(5) + [None])
+    assert summary["ar"]["samples"] == 10 and summary["ar"]["ocr_folded"] == 0.5
+    diff, low, high = summary["better"]["vs_ar"]["ocr_folded"]
+    assert diff == 0.5 and 0 < low < diff < high
+    diff, low, high = summary["same"]["vs_ar"]["ocr_folded"]
+    assert diff == 0 and low < 0 < high
+    assert summary["same"]["vs_ar"]["fg"][1] < 0 < summary["same"]["vs_ar"]["fg"][2]  # shares of 1 still get a width
+    assert summary["photo"]["samples"] == 0 and summary["photo"]["vs_ar"] == {}
 
 
 def test_a_bad_out_dir_fails_before_any_work(tmp_path, capsys):
