@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
+
+from tokenizer_ceiling import write_outputs  # the sibling script (run from benchmarks/)
 
 
 def char_gain(generator, style: str, items: int) -> dict:
@@ -45,21 +46,19 @@ def char_gain(generator, style: str, items: int) -> dict:
 
 
 def judge_model(generator, style: str, prompts: list[str], seeds: int, renders: int) -> dict:
+    """The judge on `ar` samples of every prompt, and its ceilings (`bench image --quality`'s true renders in the
+    model's style, as drawn and through its VQ)."""
     import numpy as np
 
+    from specgen.app.bench.image import ceiling_scores
     from specgen.modalities.image import judge
-    from specgen.modalities.image.vq import reconstruct
 
-    samples, ceiling, coded = [], [], []
+    samples = []
     for prompt in prompts:
-        ask = judge.parse_prompt(prompt)
         for seed in range(seeds):
             image = np.asarray(generator.generate(prompt, method="ar", seed=seed).image)
-            samples.append(judge.score_image(judge.judge_image(image), ask))
-        for sample in range(renders):
-            render = judge.true_image(ask, judge.render_rng(prompt, sample), style)
-            ceiling.append(judge.score_image(judge.judge_image(render), ask))
-            coded.append(judge.score_image(judge.judge_image(reconstruct(generator.vq, render[None])[0]), ask))
+            samples.append(judge.score_image(judge.judge_image(image), judge.parse_prompt(prompt)))
+    ceiling, coded = ceiling_scores(prompts, 1, generator.vq, style, renders)
     return {"ar": judge.summarise(samples), "true renders": judge.summarise(ceiling),
             "through the VQ": judge.summarise(coded)}
 
@@ -69,7 +68,7 @@ def compare(models: list[str], prompts_path: Path, seeds: int, renders: int, ite
 
     from specgen.modalities.image import judge
     from specgen.modalities.image.generator import ImageGenerator
-    from specgen.modalities.image.models import glyph_style_of
+    from specgen.modalities.image.models import glyph_style_of, training_record
 
     judge.require_tesseract()
     prompts = [json.loads(line)["prompt"] for line in prompts_path.read_text().splitlines() if line.strip()]
@@ -77,7 +76,7 @@ def compare(models: list[str], prompts_path: Path, seeds: int, renders: int, ite
     for folder in tqdm(models, desc="models", file=sys.stderr):
         generator = ImageGenerator(folder, threads=None)
         style = glyph_style_of(folder)
-        record = json.loads((Path(folder) / "training.json").read_text())
+        record = training_record(folder)
         rows[folder] = {"style": style, "vq": str(generator.vq_path), "steps": record.get("steps"),
                         "batch_size": record.get("batch_size"), "eval_loss": record.get("eval", {}).get("eval_loss"),
                         **char_gain(generator, style, items), **judge_model(generator, style, prompts, seeds, renders)}
@@ -115,12 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    result = compare(args.model, args.prompts, args.seeds, args.renders, args.items)
-    command = "python benchmarks/token_model_pilots.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({**result, "command": command}, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(result, command))
-    print(args.out.with_suffix(".md").read_text())
+    write_outputs(args.out, compare(args.model, args.prompts, args.seeds, args.renders, args.items), markdown,
+                  "token_model_pilots.py", argv)
     return 0
 
 

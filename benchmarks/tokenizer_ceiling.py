@@ -78,13 +78,17 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    result = ceiling(args.vq, args.prompts, args.renders)
-    command = "python benchmarks/tokenizer_ceiling.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({**result, "command": command}, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(result, command))
-    print(args.out.with_suffix(".md").read_text())
+    write_outputs(args.out, ceiling(args.vq, args.prompts, args.renders), markdown, "tokenizer_ceiling.py", argv)
     return 0
+
+
+def write_outputs(out: Path, result: dict, markdown, script: str, argv: list[str] | None) -> None:
+    """OUT.json (the result and the command that made it) and OUT.md (`markdown(result, command)`), printed."""
+    command = f"python benchmarks/{script} " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({**result, "command": command}, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown(result, command))
+    print(out.with_suffix(".md").read_text())
 
 
 if __name__ == "__main__":

@@ -145,7 +145,6 @@ def quality_summary(runs: list[dict], prompts: list[Prompt], methods: list[str],
     `glyph_style`; `chance`: `ar`'s images scored against the prompt half the file away (another glyph, other
     colours, another motion in the shipped files), the level a model that ignores its prompt would reach."""
     from specgen.modalities.image import judge
-    from specgen.modalities.image.vq import reconstruct
 
     per_method = {m: judge.summarise([r["quality"] for r in runs if r["method"] == m and r.get("quality")])
                   for m in methods}
@@ -154,13 +153,26 @@ def quality_summary(runs: list[dict], prompts: list[Prompt], methods: list[str],
     other = {pid: asks[judged[(k + len(judged) // 2) % len(judged)]] for k, pid in enumerate(judged)}
     chance = [judge.score(judge.verdict_from_dict(r["quality"]["verdict"]), other[r["prompt"]])
               for r in runs if r["method"] == "ar" and r.get("quality") and len(judged) > 1]
+    ceiling, coded = ceiling_scores([p.prompt for p in prompts], frames, vq, glyph_style)
+    return {"methods": per_method, "true_renders": judge.summarise(ceiling), "chance": judge.summarise(chance),
+            "renders_per_prompt": CEILING_RENDERS, "glyph_style": glyph_style,
+            **({"through_tokenizer": judge.summarise(coded)} if coded else {})}
+
+
+def ceiling_scores(prompts: list[str], frames: int, vq=None, glyph_style: str = "varied",
+                   renders: int = CEILING_RENDERS) -> tuple[list[dict], list[dict]]:
+    """The judge's scores of `renders` true renders per glyph prompt (clips where frames > 1, for prompts that ask
+    for a motion) in `glyph_style`: as drawn, and with the `vq` encoded to codes and decoded (else empty)."""
+    from specgen.modalities.image import judge
+    from specgen.modalities.image.vq import reconstruct
+
     ceiling, coded = [], []
     for prompt in prompts:
-        ask = judge.parse_prompt(prompt.prompt)
+        ask = judge.parse_prompt(prompt)
         if ask.char is None or (frames > 1 and ask.motion is None):
             continue  # the true renders are glyphs (scanned digits and photos are not judged for the ceiling)
-        for sample in range(CEILING_RENDERS):
-            rng = judge.render_rng(prompt.prompt, sample)
+        for sample in range(renders):
+            rng = judge.render_rng(prompt, sample)
             if frames > 1:
                 clip = judge.true_clip(ask, rng, frames, glyph_style)
                 ceiling.append(judge.score_clip(judge.judge_clip(clip), ask))
@@ -171,9 +183,7 @@ def quality_summary(runs: list[dict], prompts: list[Prompt], methods: list[str],
                 ceiling.append(judge.score_image(judge.judge_image(image), ask))
                 if vq is not None:
                     coded.append(judge.score_image(judge.judge_image(reconstruct(vq, image[None])[0]), ask))
-    return {"methods": per_method, "true_renders": judge.summarise(ceiling), "chance": judge.summarise(chance),
-            "renders_per_prompt": CEILING_RENDERS, "glyph_style": glyph_style,
-            **({"through_tokenizer": judge.summarise(coded)} if coded else {})}
+    return ceiling, coded
 
 
 def _window_ms(result: dict, window: int) -> str:

@@ -50,8 +50,7 @@ def check_vq(model_path: str | Path, vq_path: str | Path) -> None:
     records one): the codes would decode, but to other pixels."""
     from specgen.modalities.training import file_sha256
 
-    record = Path(model_path) / "training.json"
-    wanted = json.loads(record.read_text()).get("vq_sha256") if record.exists() else None
+    wanted = training_record(model_path).get("vq_sha256")
     weights = Path(vq_path) / "diffusion_pytorch_model.safetensors"
     if wanted and weights.exists() and file_sha256(weights) != wanted:
         raise InvalidRequest(f"the token model in {str(model_path)!r} was trained on the codes of another VQ than "
@@ -61,8 +60,13 @@ def check_vq(model_path: str | Path, vq_path: str | Path) -> None:
 def glyph_style_of(path: str | Path) -> str:
     """The glyph style (`training.images.GLYPH_STYLES`) the token model at `path` was trained on, from its
     training.json ("varied", the first style, where the record names none or is missing)."""
+    return training_record(path).get("glyph_style", "varied")
+
+
+def training_record(path: str | Path) -> dict:
+    """The training summary a token model's folder carries (training.json; empty where there is none)."""
     record = Path(path) / "training.json"
-    return json.loads(record.read_text()).get("glyph_style", "varied") if record.exists() else "varied"
+    return json.loads(record.read_text()) if record.exists() else {}
 
 
 def image_model_config(role: str, vocab: ImageVocab):
