@@ -38,6 +38,16 @@ def test_int8_linear_rows_do_not_depend_on_the_number_of_rows_and_fuse_exactly()
     assert torch.equal(fused, torch.cat([layer(x), other(x)], -1))
 
 
+def test_int8_linear_is_quantized_once_per_layer_and_weight_version():
+    linear = torch.nn.Linear(32, 16, bias=False)
+    layer = Int8Linear.from_linear(linear)
+    assert Int8Linear.from_linear(linear) is layer  # a second runner over the same draft reuses its rows
+    with torch.no_grad():
+        linear.weight.mul_(2.0)  # changed in place: quantized again
+    again = Int8Linear.from_linear(linear)
+    assert again is not layer and torch.equal(again.scales, 2.0 * layer.scales)
+
+
 def plain_logits(model, sequence, start):
     """Logits of positions start..len-2, each scored alone after the previous ones (plain decoding)."""
     target = TransformersTarget(model)
