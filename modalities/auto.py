@@ -5,6 +5,7 @@ decoding; the costs come from the calibration cache (`calibration.py`), measured
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Sequence
@@ -23,6 +24,8 @@ from specgen.samplers.stats import SpecStats
 
 # drafters that run no model and propose point masses: shadowed every step at no target cost
 SHADOWED = ("ngram",)
+# drafters that run no model and keep no state a switch would have to catch up (modalities/drafters/*.py)
+MODEL_FREE = ("ngram", "stand", "rest", "dresd", "consensus")
 # drafters that read the target's features of every committed token (the image EAGLE head): they cannot sit out a
 # step, so auto does not offer them
 EVERY_STEP = ("eagle-head",)
@@ -39,6 +42,10 @@ LOOKUP_PARTS = {"model-lookup": "ngram"}
 # pairs' benches (docs/auto.md); offering both, auto switched between the two near-equal predictions, each switch
 # paying the other drafter's catch-up forward
 SUBSUMED = {"draft": "draft-lookup"}
+# left out of a one-path request: consensus drafts from the other paths of the request, and with none it is prompt
+# lookup over the path's own text (its latest longest match, one chain verified as a tree); offered beside `ngram` on
+# Gemma it never ran faster (benchmarks/auto), and auto spent steps flapping between the two near-equal predictions
+ONE_PATH_SUBSUMED = {"consensus": "ngram"}
 MAX_CHAIN = 16  # the longest chain draft auto tries
 RACE_KEEP = 0.85  # a candidate measured slower than this share of the fastest in calibration is not offered
 PRIOR_LENGTH = 8  # a chain's draft length in its calibration run where the method names none
@@ -70,20 +77,22 @@ def _lengths(generator, spec, knobs: dict, default: int) -> tuple[int, ...]:
 
 
 def _factory(generator, spec, knobs: dict, request_processing: Processing, engine):
-    """A function building a fresh Candidate for `spec` under the request's processing (or another one)."""
+    """A function building a fresh Candidate for `spec` under the request's processing (or another one); its `plan`
+    is the candidate's description without a drafter, so calibration and the race can pass over candidates that
+    are never built (building the Gemma draft's runner alone took 16 ms)."""
     policy = generator.policy(spec, knobs)
     default = max(int(policy.next_length()), 1)  # the method's own draft length
-    lengths = _lengths(generator, spec, knobs, default)
+    plan = Candidate(spec.name, None, None, _lengths(generator, spec, knobs, default),
+                     nodes=_tree_nodes(spec, knobs) if spec.rule == "tree" else None,
+                     shadow=spec.drafter in SHADOWED, stateful=(spec.drafter or "").startswith("jacobi-"),
+                     model_free=spec.drafter in MODEL_FREE, lookup_part=LOOKUP_PARTS.get(spec.drafter),
+                     default_length=default)
 
     def build(processing: Processing = request_processing) -> Candidate:
         drafter = make_drafter(generator, spec, knobs, processing, policy, engine)
         rule = make_rule(spec.rule, processing, **generator.rule_options(spec, knobs, drafter))
-        nodes = None
-        if spec.rule == "tree":
-            nodes = _tree_nodes(spec, knobs)
-        return Candidate(spec.name, drafter, rule, lengths, nodes=nodes, shadow=spec.drafter in SHADOWED,
-                         stateful=(spec.drafter or "").startswith("jacobi-"),
-                         lookup_part=LOOKUP_PARTS.get(spec.drafter), default_length=default)
+        return dataclasses.replace(plan, drafter=drafter, rule=rule)
+    build.plan = plan
     return build
 
 
@@ -98,7 +107,8 @@ def _tree_nodes(spec, knobs: dict) -> int:
 
 
 def build_auto_pipeline(generator, spec, prompts: Sequence[torch.Tensor], *, max_new_tokens: int | None,
-                        sampling: dict, params: dict, stats: SpecStats | None = None, quiet: bool = False):
+                        sampling: dict, params: dict, stats: SpecStats | None = None, quiet: bool = False,
+                        paths: int | None = None):
     from specgen.modalities.pipeline import Pipeline
 
     knobs = generator.resolve_knobs(spec, params)
@@ -118,19 +128,22 @@ def build_auto_pipeline(generator, spec, prompts: Sequence[torch.Tensor], *, max
         capacity = need if capacity is None or (need is not None and need > capacity) else capacity
     engine = generator.engine(capacity)
     target = generator.serving_target(engine, processing)
-    factories, candidates = {}, []
-    for cand_spec, cand_knobs in specs:
-        factory = _factory(generator, cand_spec, cand_knobs, processing, engine)
-        try:
-            candidate = factory()
-        except (SpecgenError, ImportError) as exc:  # e.g. a tree drafter over a reduced draft vocabulary
-            logging.getLogger("specgen").debug("auto: %s is not a candidate here: %s", cand_spec.name, exc)
-            continue
-        factories[cand_spec.name] = factory
-        candidates.append(candidate)
-    costs, priors = calibrated(generator, target, processing, prompts[0], factories, candidates, quiet=quiet)
-    if not knobs.get("candidates"):
-        candidates = raced(candidates, priors)
+    factories = {cand_spec.name: _factory(generator, cand_spec, cand_knobs, processing, engine)
+                 for cand_spec, cand_knobs in specs}
+    record = usable_record(calibration.machine_key(generator.modality, calibration_paths(generator)))
+    built = {}
+    for name in factories:  # not calibrated yet: built now, so one this model cannot serve is left out before
+        if not record or name not in record["draft_s"]:
+            built[name] = _built(factories[name])
+    plans = [f.plan for name, f in factories.items() if built.get(name, True) is not None]
+    costs, priors = calibrated(generator, target, processing, prompts[0], factories, plans, quiet=quiet)
+    offered = plans
+    if not knobs.get("candidates"):  # named candidates are offered as named
+        offered = raced(plans, priors)
+        if (len(prompts) if paths is None else paths) == 1:  # calibrated all the same, for requests of several
+            names = {p.name for p in offered}
+            offered = [p for p in offered if ONE_PATH_SUBSUMED.get(p.name) not in names]
+    candidates = [c for c in (built.get(p.name) or _built(factories[p.name]) for p in offered) if c is not None]
     for candidate in candidates:
         prior = priors.get(candidate.name)
         if prior:
@@ -144,6 +157,14 @@ def build_auto_pipeline(generator, spec, prompts: Sequence[torch.Tensor], *, max
     stats.reports.append(drafter.run_summary)
     return Pipeline(spec, knobs, processing, policy, drafter, rule, target, max_new_tokens,
                     tuple(generator.stop_tokens), stats)
+
+
+def _built(factory) -> Candidate | None:
+    try:
+        return factory()
+    except (SpecgenError, ImportError) as exc:  # e.g. a tree drafter over a reduced draft vocabulary
+        logging.getLogger("specgen").debug("auto: %s is not a candidate here: %s", factory.plan.name, exc)
+        return None
 
 
 def raced(candidates: list[Candidate], priors: dict) -> list[Candidate]:
@@ -164,11 +185,20 @@ def calibration_paths(generator) -> list:
     return [getattr(generator, name, None) for name in ("model_path", "draft_path", "head_path")]
 
 
+def usable_record(key: dict) -> dict | None:
+    """The cached calibration, unless it was measured while other work shared the CPU and the machine is quiet
+    now: then it is measured again (its costs were the load's, not this machine's)."""
+    record = calibration.load(key)
+    if record and record.get("busy") and not calibration.machine_busy():
+        return None
+    return record
+
+
 def calibrated(generator, target, processing: Processing, prompt: torch.Tensor, factories: dict, candidates,
                quiet: bool = False):
     """(Costs, priors by candidate) from the cache, measuring what it lacks."""
     key = calibration.machine_key(generator.modality, calibration_paths(generator))
-    record = calibration.load(key)
+    record = usable_record(key)
     windows = set(calibration.WINDOWS)
     for candidate in candidates:
         windows.add(candidate.nodes + 1 if candidate.is_tree else max(candidate.lengths) + 1)

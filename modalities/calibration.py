@@ -4,8 +4,10 @@ length, and each candidate's acceptance on a short run, measured once and cached
 The cache lives in `$SPECGEN_HOME/calibration/<key>.json`, keyed by the CPU model, the compiled kernels' instruction
 set (AVX2 or AVX-512), the torch thread count, the torch version, the modality and a hash of the model files (name,
 size, modification time of every file of the target and of its draft or head), so a new machine, thread count,
-torch or checkpoint is measured afresh and anything else is reused. A candidate missing from a cached record (a drafter added since) is measured and added. `specgen calibrate`
-measures ahead of time; otherwise the first `auto` request does, with a progress bar on stderr.
+torch or checkpoint is measured afresh and anything else is reused. A candidate missing from a cached record (a
+drafter added since) is measured and added; a record measured while other work shared the CPU (`machine_busy`) is
+measured again by the first request that finds the machine quiet. `specgen calibrate` measures ahead of time;
+otherwise the first `auto` request does, with a progress bar on stderr.
 """
 
 from __future__ import annotations
@@ -57,8 +59,8 @@ def machine_key(modality: str, paths: Sequence) -> dict:
 
     # one CPU model name covers parts with and without AVX-512, and the compiled kernels' costs differ between them
     return {"cpu": settings.cpu_model(), "kernels": " ".join(cpu_build.compile_flags()),
-            "threads": torch.get_num_threads(), "torch": torch.__version__, "modality": modality, "models": [str(p) for p in paths if p is not None], "model_hash": files_hash(paths),
-            "version": VERSION}
+            "threads": torch.get_num_threads(), "torch": torch.__version__, "modality": modality,
+            "models": [str(p) for p in paths if p is not None], "model_hash": files_hash(paths), "version": VERSION}
 
 
 def cache_path(key: dict) -> Path:
@@ -141,13 +143,28 @@ class Progress:
             self.bar.close()
 
 
+BUSY_MARGIN = 0.5  # the 1-minute load average beyond this process's threads that marks the machine busy
+
+
+def machine_busy() -> bool:
+    """Whether other work shares the CPU now: the 1-minute load average exceeds this process's torch threads by
+    BUSY_MARGIN. Costs measured then are the load's: on this machine, with a training run on the other core, the
+    speech target's step timed 0.55 ms against 0.41 ms on a quiet machine while its draft's barely moved, and `auto`
+    kept plain decoding for every speech request though `sd` ran 1.2 times as fast."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # no load average on this platform: nothing to go by
+        return False
+    return load > torch.get_num_threads() + BUSY_MARGIN
+
+
 def calibrate(key: dict, target, prompt: torch.Tensor, windows: Sequence[int], candidates: dict[str, Callable],
               run_prior: Callable, record: dict | None = None, quiet: bool = False, processing=None) -> dict:
     """Measure what `record` lacks: T_verify(n) for each n of `windows`, the loop's overhead per step, and per
     candidate (name -> a function building a fresh `Candidate`) its drafting cost and its acceptance on short runs
     (`run_prior(build)` -> a dict of acceptance and step timings), whose timings then set the drafting cost's fixed
     part and each verified slot's cost inside the loop."""
-    started = time.perf_counter()
+    started, busy = time.perf_counter(), machine_busy()
     record = record or {"key": key, "verify_s": {}, "draft_s": {}, "prior": {}}
     todo_windows = [n for n in windows if str(n) not in record["verify_s"]]
     todo = [name for name in candidates if name not in record["draft_s"]]
@@ -186,6 +203,8 @@ def calibrate(key: dict, target, prompt: torch.Tensor, windows: Sequence[int], c
             record["verify_per_slot_s"] = _per_slot_s(costs_of(record), run_windows)
     finally:
         progress.close()
+    # measured (or partly measured) while other work shared the CPU: measured again once the machine is quiet
+    record["busy"] = bool(record.get("busy")) or busy or machine_busy()
     record["seconds"] = round(record.get("seconds", 0.0) + time.perf_counter() - started, 2)
     record["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return record

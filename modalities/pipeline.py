@@ -130,21 +130,23 @@ class Generator:
 
     def pipeline(self, method: str | None, prompts: Sequence[torch.Tensor], *, max_new_tokens: int | None = None,
                  sampling: dict | None = None, params: dict | None = None,
-                 stats: SpecStats | None = None) -> Pipeline:
+                 stats: SpecStats | None = None, paths: int | None = None) -> Pipeline:
+        """`paths`: how many rows the pipeline will decode together (default: one per prompt), which decides
+        whether drafting across paths is worth offering to `auto`."""
         return build_pipeline(self, method, prompts, max_new_tokens=max_new_tokens, sampling=sampling or {},
-                              params=params or {}, stats=stats)
+                              params=params or {}, stats=stats, paths=paths)
 
 
 def build_pipeline(generator: Generator, method: str | None, prompts: Sequence[torch.Tensor], *,
                    max_new_tokens: int | None, sampling: dict, params: dict,
-                   stats: SpecStats | None = None) -> Pipeline:
+                   stats: SpecStats | None = None, paths: int | None = None) -> Pipeline:
     """spec → knobs → processing → length cap → policy → target engine → drafter → rule → served target."""
     spec = get_method(generator.modality, method or generator.default_method)
     if spec.drafter == "auto":  # candidates built by this generator, each as its own method's request would be
         from specgen.modalities.auto import build_auto_pipeline
 
         return build_auto_pipeline(generator, spec, prompts, max_new_tokens=max_new_tokens, sampling=sampling,
-                                   params=params, stats=stats)
+                                   params=params, stats=stats, paths=paths)
     knobs = generator.resolve_knobs(spec, params)
     processing = generator.processing(**sampling)
     max_new_tokens = generator.length_cap(prompts, max_new_tokens)

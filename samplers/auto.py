@@ -101,6 +101,9 @@ class Candidate:
     # a drafter whose proposals improve as it keeps running (a Jacobi window settles): judged by its tokens per
     # step over the run, not by acceptance per position, which is low while the window is cold
     stateful: bool = False
+    # a drafter that runs no model and keeps no window (prompt lookup, the model-free trees): taking over costs it
+    # no catch-up forward, so a switch to it needs only FREE_SWITCH of the margin
+    model_free: bool = False
 
     @property
     def is_tree(self) -> bool:
@@ -159,7 +162,15 @@ class AutoDrafter:
     PROBE_GROWTH = 1.5
 
     PLAIN_DECIDE_EVERY = 8
+    EARLY_STEPS, DECIDE_EVERY = 8, 4  # a decision after each of the first steps, then after every few
+    # the share of the margin a switch needs to plain decoding or a model-free candidate: the margin stands for a
+    # switch's catch-up forward as much as for the predictions' noise, and with the whole of it auto kept running
+    # consensus' trees on Gemma at a predicted 1.03x while prompt lookup, shadowed beside it, was predicted (and ran)
+    # at 1.17x
+    FREE_SWITCH = 0.25
+    KNOWN_STEPS = 8  # steps of its own in this request after which a candidate's prediction rests on the request
     EXPLORE = 0.5  # the share of the gap to 1 an untested position's acceptance is raised by when choosing a length
+    EXPLORE_REACH = 2  # the most tokens exploring adds to the point estimate's best length at one decision
     TIMING_WEIGHT = 3.0  # pseudo-steps at the calibrated cost behind each candidate's timed steps
 
     def __init__(self, candidates: list[Candidate], costs: Costs, *, margin: float = 0.05, prior_weight=None,
@@ -182,8 +193,11 @@ class AutoDrafter:
         # what this request's steps cost; None keeps to the calibration (deterministic choices)
         self.clock = clock
         self._timing: dict[str, _Timing] = {}
-        self._clocked: dict[str, float] = {}  # this step's drafting seconds, and when its verification began
+        self._clocked: dict[str, float] = {}  # this step's drafting seconds
         self._ran_last: str | None = None
+        # when the previous step's verification ended, and the drafting seconds its observe took after it
+        self._last_verified: float | None = None
+        self._last_post = 0.0
         self._budget = 0
         self._lookup_share: dict[str, float] = {}
         self._settled = False
@@ -214,7 +228,7 @@ class AutoDrafter:
         lookup = self.alphas(cand.lookup_part, len(own))
         cand.prior_alpha_at = tuple(max(a, hit * b + (1.0 - hit) * a) for a, b in zip(own, lookup))
 
-    def _shadow_prompt(self, cand: Candidate, prompt: list[int], last: int = 48) -> None:
+    def _shadow_prompt(self, cand: Candidate, prompt: list[int], last: int = 24) -> None:
         estimate = self.estimates[cand.name]
         budget = max(cand.lengths)
         for end in range(max(2, len(prompt) - last), len(prompt)):
@@ -329,16 +343,24 @@ class AutoDrafter:
     def step_cost(self, name: str, length: int, hit: float | None = None) -> float:
         """Predicted seconds of one step: drafting and verification as calibrated, each scaled by how this
         request's timed steps of `name` compared with the calibration."""
+        return self._step_costs(name, (length,), hit)[0]
+
+    def _step_costs(self, name: str, lengths, hit: float | None = None) -> list[float]:
+        """step_cost at each of `lengths`, the request's timing ratios and hit rate read once (the decision asks for
+        every length of every candidate after each step)."""
         draft_ratio, verify_ratio = self._timing.get(name, _Timing()).ratios(self.TIMING_WEIGHT)
         if name == PLAIN:
-            return verify_ratio * self._verify_cost(PLAIN, 0)
+            return [verify_ratio * self._verify_cost(PLAIN, 0)] * len(lengths)
         cand = self.candidates[name]
         if cand.is_tree:
-            verify = self._verify_cost(name, cand.nodes)
+            verify = [self._verify_cost(name, cand.nodes)] * len(lengths)
         else:
             hit = self.hit_rate(name) if hit is None else hit
-            verify = hit * self._verify_cost(name, length) + (1.0 - hit) * self._verify_cost(name, 0)
-        return draft_ratio * self._draft_cost(name, length) + verify_ratio * verify
+            missed = (1.0 - hit) * self._verify_cost(name, 0)
+            verify = [hit * self._verify_cost(name, g) + missed for g in lengths]
+        fixed = self._draft_cost(name, 0)
+        per_token = self._draft_cost(name, 1) - fixed  # drafting is linear in the length
+        return [draft_ratio * (fixed + per_token * g) + verify_ratio * v for g, v in zip(lengths, verify)]
 
     def _draft_cost(self, name: str, length: int) -> float:
         if name == PLAIN:
@@ -349,7 +371,11 @@ class AutoDrafter:
     def _verify_cost(self, name: str, drafted: int) -> float:
         """Verifying `drafted` tokens (drafted + 1 slots) inside the loop, with the loop's own cost per step (mostly
         the acceptance rule's: timed with the verification, so a plain step's timing compares like with like)."""
-        return self.costs.verify(drafted + 1) + self.costs.verify_per_slot_s * drafted + self.costs.overhead_s
+        memo = self.__dict__.setdefault("_verify_memo", {})  # the calibration does not change during a request
+        if drafted not in memo:
+            memo[drafted] = (self.costs.verify(drafted + 1) + self.costs.verify_per_slot_s * drafted
+                             + self.costs.overhead_s)
+        return memo[drafted]
 
     def speed(self, name: str, length: int, optimistic: bool = False) -> float:
         """Predicted tokens per second."""
@@ -358,13 +384,20 @@ class AutoDrafter:
         return self.expected_tokens(name, length, optimistic) / self.step_cost(name, length)
 
     def best_length(self, name: str, optimistic: bool = False, explore: bool = False) -> tuple[int, float]:
-        """(length, predicted tokens per second) of the candidate's fastest length (the shortest on ties)."""
+        """(length, predicted tokens per second) of the candidate's fastest length (the shortest on ties). With
+        `explore`, at most EXPLORE_REACH tokens beyond the point estimate's best length: where wide windows cost
+        much (Gemma 3 270M: 10 slots cost 3.6 plain steps), the raised acceptance of untested positions made the
+        first step of a request draft 9 tokens where the point estimate asked for 4."""
         cand = self.candidates[name]
-        expected = self._expected_by_length(name, max(cand.lengths), optimistic, explore)
+        lengths = cand.lengths
+        if explore and not cand.by_tau:
+            reach = self.best_length(name)[0] + self.EXPLORE_REACH
+            lengths = tuple(g for g in lengths if g <= reach)
+        expected = self._expected_by_length(name, max(lengths), optimistic, explore)
         hit = None if cand.by_tau else self.hit_rate(name)
         best = None
-        for g in cand.lengths:
-            speed = expected[g] / self.step_cost(name, g, hit)
+        for g, cost in zip(lengths, self._step_costs(name, lengths, hit)):
+            speed = expected[g] / cost
             if best is None or speed > best[1]:
                 best = (g, speed)
         return best
@@ -392,8 +425,11 @@ class AutoDrafter:
                 best = PLAIN
             choice = (best, self._length(best))
         else:
-            now = self.speed(current, length) / self.speed(PLAIN, 0)
-            if best != current and predicted[best]["predicted_speedup"] > now * (1.0 + self.margin):
+            # the current candidate at its best length: staying may re-length it (below), so a length that has
+            # turned out too long is not a reason to leave (on Gemma a first draft of 9 tokens, rejected early,
+            # sent auto from prompt lookup to consensus' trees at the second step)
+            now = predicted[current]["predicted_speedup"]
+            if best != current and predicted[best]["predicted_speedup"] > now * (1.0 + self._switch_margin(best)):
                 choice = (best, self._length(best))
             elif current != PLAIN and not self.candidates[current].by_tau:
                 # re-length within the candidate at half the margin: near its best length the predicted speed is
@@ -409,6 +445,20 @@ class AutoDrafter:
             self.timeline.append({"step": self.step, "method": choice[0], "length": choice[1],
                                   "predicted": {n: round(p["predicted_speedup"], 3) for n, p in predicted.items()}})
         self.choice = choice
+
+    def _switch_margin(self, name: str) -> float:
+        """The margin a switch to `name` needs: FREE_SWITCH of it where the switch costs no catch-up and the
+        prediction rests on this request (plain decoding where a shadowed candidate can still bring auto back; a
+        model-free candidate shadowed or run for KNOWN_STEPS steps), the whole of it otherwise: a candidate known
+        only by its calibration prior is a gamble (on Gemma, consensus' prior lured auto off prompt lookup two steps
+        into a request, at a tree's cost), and plain decoding with nothing shadowed is for the rest of the request
+        (speech: a few early rejections sent auto to plain decoding for good where `sd` ran 1.3 times as fast)."""
+        if name == PLAIN:  # free unless it settles for good: with nothing shadowed, plain decoding never comes back
+            free = any(c.shadow for c in self.candidates.values())
+            return self.margin * (self.FREE_SWITCH if free else 1.0)
+        cand = self.candidates[name]
+        known = cand.shadow or self.estimates[name].steps >= self.KNOWN_STEPS
+        return self.margin * (self.FREE_SWITCH if cand.model_free and known else 1.0)
 
     def _length(self, name: str) -> int:
         """The length a newly chosen candidate drafts: its best with exploration (the point estimate's for trees)."""
@@ -488,9 +538,9 @@ class AutoDrafter:
             return None
         now = self.clock()
         if started is None:
-            self._clocked = {"draft_s": 0.0, "verify_from": now}
+            self._clocked = {"draft_s": 0.0}
         else:
-            self._clocked = {"draft_s": now - started, "verify_from": now}
+            self._clocked = {"draft_s": now - started}
         return now
 
     def observe(self, verdict: Verdict) -> None:
@@ -526,23 +576,32 @@ class AutoDrafter:
         self._shadows = {}
         # time this step unless its drafter has just taken over: its first step catches up on what the others
         # committed, a cost of switching rather than of its steps (the drafter's observe counts as drafting)
-        if verified is not None and running == self._ran_last and self._clocked:
+        post = self.clock() - verified if verified is not None and running != PLAIN else 0.0
+        if verified is not None and running == self._ran_last and self._clocked and self._last_verified is not None:
             if running != PLAIN and self.candidates[running].is_tree:
                 drafted = self.candidates[running].nodes
             else:
                 drafted = int(verdict.num_drafted.max()) if running != PLAIN else 0
             timing = self._timing.setdefault(running, _Timing())
-            timing.draft_s += self._clocked["draft_s"] + (self.clock() - verified if running != PLAIN else 0.0)
+            timing.draft_s += self._clocked["draft_s"] + post
             timing.draft_predicted += self._draft_cost(running, self._budget)
-            timing.verify_s += verified - self._clocked["verify_from"]
+            # the rest of the step's wall time counts as verifying: the target's forward and the acceptance rule, and
+            # what happens between steps (the loop's bookkeeping, the shadows' proposals, the decision), which the
+            # calibration's overhead_s stands for; timing the forward alone left those out and priced a tree of
+            # consensus on Gemma a tenth below what its steps cost, so auto kept it against a faster prompt lookup
+            timing.verify_s += verified - self._last_verified - self._clocked["draft_s"] - self._last_post
             timing.verify_predicted += self._verify_cost(running, drafted)
             timing.steps += 1
+        self._last_verified, self._last_post = verified, post
         self._clocked = {}
         self._ran_last = running
         self.step += 1
         # a plain step with nothing shadowed teaches nothing but its timing: re-decide every few such steps only (the
-        # decision costs a few tenths of a millisecond, a tenth of a plain step of the speech pair)
-        if learnt or self.step % self.PLAIN_DECIDE_EVERY == 0:
+        # decision costs a few tenths of a millisecond, a tenth of a plain step of the speech pair); past a request's
+        # first EARLY_STEPS steps, one step's evidence moves the estimates little, so every DECIDE_EVERY steps (on
+        # the code pair, deciding after every step was 7 % of a request running draft-lookup throughout)
+        due = self.step < self.EARLY_STEPS or self.step % self.DECIDE_EVERY == 0
+        if (learnt and due) or self.step % self.PLAIN_DECIDE_EVERY == 0:
             self._decide()
 
     def run_summary(self) -> dict:

@@ -40,13 +40,15 @@ def _calibrate(args: argparse.Namespace) -> int:
                                                                       key=lambda kv: int(kv[0]))},
                "draft_ms": {name: [round(v * 1e3, 3) for v in fixed_per_token]
                             for name, fixed_per_token in record.get("draft_s", {}).items()},
-               "prior": record.get("prior", {}),
+               "prior": record.get("prior", {}), "busy": bool(record.get("busy")),
                "first_choice": pipeline.drafter.run_summary()["auto"]["initial"]}
     if args.json:
         print(json.dumps(summary))
         return 0
     print(f"calibration for {', '.join(key['models'])} on {key['cpu']} ({key['threads']} threads, torch "
           f"{key['torch']}): {summary['file']}")
+    if record.get("busy"):
+        print("  measured while other work shared the CPU: the first request on a quiet machine measures it again")
     print("  T_verify (ms) by window: " + ", ".join(f"{n}: {ms}" for n, ms in summary["T_verify_ms"].items()))
     for name, (fixed, per_token) in summary["draft_ms"].items():
         prior = summary["prior"].get(name, {})

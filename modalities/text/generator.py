@@ -254,7 +254,7 @@ class TextGenerator(Generator):
                 raise MemoryBudgetError(f"a memory budget of {budget:g} MB holds {rows} of the {num_samples} samples "
                                         "that decode together; ask for fewer samples or give more memory")
         pipeline = self.pipeline(method, [prompt_ids], max_new_tokens=max_new_tokens, sampling=sampling,
-                                 params=params, stats=stats)
+                                 params=params, stats=stats, paths=num_samples)
         if memory_plan is not None:
             pipeline.stats.reports.append(lambda: {"memory": memory_plan.summary()})
         return pipeline, [prompt_ids] * num_samples

@@ -67,6 +67,23 @@ def test_calibration_is_cached_per_machine_and_model(pair, monkeypatch):
     assert any(r["file"] == str(path) for r in calibration.cached_records())
 
 
+def test_a_calibration_measured_under_load_is_measured_again_on_a_quiet_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECGEN_HOME", str(tmp_path))  # a cache of its own: measured from nothing
+    generator = TextGenerator(*save_tiny_pair(tmp_path / "models"))
+    key = calibration.machine_key("text", [generator.model_path, generator.draft_path, None])
+    measured = []
+    calibrate = calibration.calibrate
+    monkeypatch.setattr(calibration, "calibrate", lambda *a, **k: measured.append(1) or calibrate(*a, **k))
+    monkeypatch.setattr(calibration, "machine_busy", lambda: True)
+    generator.generate("abc", max_new_tokens=3)
+    generator.generate("abc", max_new_tokens=3)  # still busy: reused, however it was measured
+    assert len(measured) == 1 and calibration.load(key)["busy"] is True
+    monkeypatch.setattr(calibration, "machine_busy", lambda: False)
+    generator.generate("abc", max_new_tokens=3)  # quiet now: measured again, and kept
+    generator.generate("abc", max_new_tokens=3)
+    assert len(measured) == 2 and calibration.load(key)["busy"] is False
+
+
 def test_a_request_does_not_time_plain_decoding_again(pair, monkeypatch):
     """The stats' T_ar is measured once per octave of prompt length, not after every request."""
     generator = TextGenerator(*pair)
@@ -91,6 +108,36 @@ def test_calibration_race_keeps_the_candidates_near_the_fastest():
               "look": {"speedup": 1.0}}
     assert [c.name for c in raced(cands, priors)] == ["fast", "close", "look", "new"]
     assert raced(cands, {}) == cands  # nothing measured: nothing left out
+
+
+def test_a_calibrated_request_builds_only_the_candidates_the_race_offers(pair, monkeypatch):
+    from specgen.modalities import auto as auto_pipeline
+
+    generator = TextGenerator(*pair)
+    generator.generate("abc", max_new_tokens=4)  # calibrated (or reused)
+    record = calibration.load(calibration.machine_key("text", auto_pipeline.calibration_paths(generator)))
+    built = []
+    make_drafter = auto_pipeline.make_drafter
+    monkeypatch.setattr(auto_pipeline, "make_drafter",
+                        lambda gen, spec, *a, **k: built.append(spec.name) or make_drafter(gen, spec, *a, **k))
+    result = generator.generate("def f(a):\n", max_new_tokens=8)
+    best = max(p["speedup"] for p in record["prior"].values())
+    slow = {n for n, p in record["prior"].items() if p["speedup"] < auto_pipeline.RACE_KEEP * best and n != "ngram"}
+    assert built and not slow & set(built), (built, slow)
+    assert set(built) == set(result.stats["auto"]["initial"]["predicted"]) - {"ar"}
+
+
+def test_consensus_is_offered_only_to_requests_of_several_paths(pair, monkeypatch):
+    """With one path, consensus is prompt lookup over the path's own text: ngram subsumes it."""
+    from specgen.modalities import auto as auto_pipeline
+
+    monkeypatch.setattr(auto_pipeline, "raced", lambda plans, priors: plans)  # every calibrated candidate offered
+    generator = TextGenerator(*pair)
+    one = generator.generate("def f(a):\n", max_new_tokens=6)
+    assert {"ngram", "stand"} <= set(one.stats["auto"]["initial"]["predicted"])
+    assert "consensus" not in one.stats["auto"]["initial"]["predicted"]
+    several = generator.generate("def f(a):\n", max_new_tokens=6, temperature=1.0, num_samples=3)
+    assert "consensus" in several.stats["auto"]["initial"]["predicted"]
 
 
 def test_in_loop_costs_from_calibration_runs():

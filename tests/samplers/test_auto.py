@@ -10,7 +10,7 @@ import torch
 from specgen.samplers.acceptance import ChainRejection, GreedyMatch, TreeRejection
 from specgen.samplers.auto import PLAIN, AutoDrafter, AutoPolicy, AutoRule, Candidate, Costs, nondecreasing
 from specgen.samplers.chisquare import goodness_of_fit
-from specgen.samplers.loop import generate
+from specgen.samplers.loop import generate, speculative_generate
 from specgen.samplers.oracle import (chain_proposals, max_abs_diff, outcomes, target_joint, target_probs_for,
                                      tree_proposals)
 from specgen.samplers.processing import Processing
@@ -137,6 +137,69 @@ def test_hysteresis_keeps_the_choice_within_the_margin():
     auto.choice = ("a", 2)
     auto._decide()
     assert auto.choice == ("a", 2)
+
+
+def test_a_switch_that_costs_no_catch_up_needs_a_quarter_of_the_margin():
+    """Switching to a model-free candidate (or plain decoding) costs no catch-up forward, so once its prediction
+    rests on this request it needs only FREE_SWITCH of the margin; a model drafter, or a model-free one known only by
+    its prior, still needs the whole of it."""
+    costs = Costs({1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6}, {"a": (0.0, 0.05), "b": (0.0, 0.05)})
+    for model_free, steps, switched in ((False, 20, False), (True, 20, True), (True, 0, False)):
+        a = Candidate("a", None, None, (2,), prior_alpha=0.6)
+        b = Candidate("b", None, None, (2,), prior_alpha=0.7, model_free=model_free)
+        auto = AutoDrafter([a, b], costs, margin=0.2)
+        for i in range(steps):  # b has run in this request: 2 drafted, 1 or 2 accepted
+            auto.estimates["b"].record(2, 1 + i % 2, i % 2 == 0)
+        auto.choice = ("a", 2)
+        assert 1.0 + 0.2 * auto.FREE_SWITCH < auto.speed("b", 2) / auto.speed("a", 2) < 1.2
+        auto._decide()
+        assert (auto.choice[0] == "b") == switched
+
+
+def test_a_step_is_timed_whole_including_the_time_between_steps():
+    """What a step costs besides its drafting counts as verifying, the time the loop spends between steps
+    included: a consumer that holds each step for 50 s of the fake clock shows in the running candidate's timing."""
+    clock = [0.0]
+
+    def tick():
+        clock[0] += 1.0
+        return clock[0]
+
+    greedy = Processing(temperature=0)
+    auto = AutoDrafter(candidates(greedy)[:2], COSTS, clock=tick)
+    auto.prime([torch.tensor(PROMPT)])
+    events = speculative_generate(TableTarget(TARGET), auto, AutoRule(auto, GreedyMatch()), [torch.tensor(PROMPT)],
+                                  processing=greedy, max_new_tokens=30, policy=AutoPolicy(auto))
+    for _ in events:
+        clock[0] += 50.0
+    steps = sum(t.steps for t in auto._timing.values())
+    assert steps >= 2 and all(t.verify_s >= 50.0 * t.steps for t in auto._timing.values()), auto._timing
+
+
+def test_exploring_lengthens_a_draft_by_at_most_explore_reach_tokens():
+    """Untested positions' raised acceptance may lengthen a draft, by EXPLORE_REACH tokens beyond the point
+    estimate's best length at one decision: where wide windows cost much, a first step once drafted 9 for 4."""
+    costs = Costs({n: 1.0 + 0.08 * n for n in range(1, 18)}, {"a": (0.0, 0.01)})
+    auto = AutoDrafter([Candidate("a", None, None, tuple(range(1, 17)), prior_alpha=0.7)], costs)
+    point = auto.best_length("a")[0]
+    explored = auto.best_length("a", explore=True)[0]
+    assert point < explored == point + auto.EXPLORE_REACH
+    auto.EXPLORE_REACH = 16
+    assert auto.best_length("a", explore=True)[0] > point + 2  # what exploring alone would have drafted
+
+
+def test_a_length_that_turned_out_too_long_is_re_lengthened_not_left():
+    """The current candidate is judged at its best length, not at the one it runs: a draft that turned out too
+    long is shortened, not a reason to switch to another candidate."""
+    costs = Costs({n: 1.0 + 0.3 * n for n in range(1, 12)}, {"a": (0.0, 0.01), "b": (0.0, 0.01)})
+    a = Candidate("a", None, None, tuple(range(1, 10)), prior_alpha=0.6)
+    b = Candidate("b", None, None, tuple(range(1, 10)), prior_alpha=0.62)  # a little better than a at its best
+    auto = AutoDrafter([a, b], costs, margin=0.2)
+    auto.choice = ("a", 9)
+    assert auto.best_length("a")[1] < auto.best_length("b")[1] < 1.2 * auto.best_length("a")[1]
+    assert auto.best_length("b")[1] > 1.2 * auto.speed("a", 9)
+    auto._decide()
+    assert auto.choice[0] == "a" and auto.choice[1] < 9
 
 
 def test_nondecreasing_fit_pools_adjacent_violators():
