@@ -550,7 +550,8 @@ register(MethodSpec("pcg", "speech", False,
 
 # ---- every modality ----------------------------------------------------------------------------
 AUTO_KNOBS = (Knob("margin", float, 0.2, "how much faster (predicted) another choice must be before auto switches to "
-                   "it (hysteresis; half of it to change the draft length)", 0.0, 1.0),
+                   "it (hysteresis; half of it to change the draft length, a quarter to switch where no catch-up "
+                   "is paid: docs/auto.md)", 0.0, 1.0),
               Knob("candidates", str, "", "comma-separated methods auto may choose from besides plain decoding "
                    "(empty: every lossless method of the modality the model can serve)"))
 for _modality in MODALITIES:
