@@ -275,7 +275,7 @@ def cached_records() -> list[dict]:
         out.append({"file": str(path), "modality": record["key"]["modality"], "models": record["key"]["models"],
                     "cpu": record["key"]["cpu"], "threads": record["key"]["threads"],
                     "torch": record["key"]["torch"], "measured_at": record.get("measured_at"),
-                    "seconds": record.get("seconds"),
+                    "seconds": record.get("seconds"), "busy": bool(record.get("busy")),
                     "T_verify_ms": {n: round(s * 1e3, 2) for n, s in sorted(record["verify_s"].items(),
                                                                            key=lambda kv: int(kv[0]))},
                     "candidates": sorted(record["draft_s"])})

@@ -42,7 +42,8 @@ def _info(args: argparse.Namespace) -> int:
         windows = cal["T_verify_ms"]
         print(f"  {cal['modality']} {', '.join(cal['models'])}: {cal['threads']} threads, torch {cal['torch']}, "
               f"{cal['measured_at']}; T_verify 1/{max(windows, key=int)} slots = {windows.get('1')}/"
-              f"{windows[max(windows, key=int)]} ms; candidates {', '.join(cal['candidates'])}")
+              f"{windows[max(windows, key=int)]} ms; candidates {', '.join(cal['candidates'])}"
+              + ("; measured while the CPU was shared: measured again when it is quiet" if cal.get("busy") else ""))
     return 0
 
 

@@ -78,6 +78,8 @@ def test_a_calibration_measured_under_load_is_measured_again_on_a_quiet_machine(
     generator.generate("abc", max_new_tokens=3)
     generator.generate("abc", max_new_tokens=3)  # still busy: reused, however it was measured
     assert len(measured) == 1 and calibration.load(key)["busy"] is True
+    listed = [r for r in calibration.cached_records() if r["file"] == str(calibration.cache_path(key))]
+    assert [r["busy"] for r in listed] == [True]  # `specgen info` says so
     monkeypatch.setattr(calibration, "machine_busy", lambda: False)
     generator.generate("abc", max_new_tokens=3)  # quiet now: measured again, and kept
     generator.generate("abc", max_new_tokens=3)
