@@ -97,6 +97,16 @@ def _f(value, digits: int = 2, suffix: str = "") -> str:
     return fmt(value, digits, suffix, missing="–")
 
 
+def _share_of_best(methods: dict, category: str) -> float | None:
+    """auto's median speedup in `category` over the best of the other methods of ours (plain decoding and the
+    Hugging Face peers left out)."""
+    others = [m["speedup_by_category"].get(category) for name, m in methods.items()
+              if name not in ("ar", "auto") and not name.startswith("hf")]
+    best = max((v for v in others if v is not None), default=None)
+    mine = methods["auto"]["speedup_by_category"].get(category)
+    return mine / best if mine is not None and best else None
+
+
 def _slower_cell(slow: dict | None) -> str:
     if not slow or not slow["prompts"]:
         return "—"
@@ -161,6 +171,9 @@ def render_markdown(result: dict, plot_name: str | None) -> str:
     for m in methods.values():
         lines.append(f"| `{m['name']}` | " + " | ".join(_f(m["speedup_by_category"].get(c)) for c in categories)
                      + " |")
+    if "auto" in methods:  # #39's yardstick: auto against the best of our single methods, chosen with hindsight
+        lines.append("| `auto` ÷ the best other method | " + " | ".join(_f(_share_of_best(methods, c))
+                                                                         for c in categories) + " |")
 
     lines += _position_table(methods)
     prompt_ids = list(dict.fromkeys(i["prompt_id"] for i in items))

@@ -140,6 +140,13 @@ def test_result_files_are_written(bench_run):
     assert len(positions) > 1 and row.split(" | ")[1:3] == [f"{v:.2f}" for v in positions[:2]]
     assert "`ar`" not in table and "hf-" not in table
     assert (out_dir / "text-latest.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # auto against the best of our other methods, per category, as printed
+    categories = markdown.split("## Speedup by category")[1].split("\n## ")[0]
+    share = next(line for line in categories.splitlines() if line.startswith("| `auto` ÷ the best other method |"))
+    category = sorted(out["methods"]["auto"]["speedup_by_category"])[0]
+    best = max(m["speedup_by_category"][category] for name, m in out["methods"].items()
+               if name not in ("ar", "auto") and not name.startswith("hf"))
+    assert share.split(" | ")[1] == f"{out['methods']['auto']['speedup_by_category'][category] / best:.2f}"
 
 
 # ---- bad input: exit 2, one `error:` line, nothing on stdout ------------------------------------------------------
