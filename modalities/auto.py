@@ -130,13 +130,14 @@ def build_auto_pipeline(generator, spec, prompts: Sequence[torch.Tensor], *, max
     target = generator.serving_target(engine, processing)
     factories = {cand_spec.name: _factory(generator, cand_spec, cand_knobs, processing, engine)
                  for cand_spec, cand_knobs in specs}
-    record = usable_record(calibration.machine_key(generator.modality, calibration_paths(generator)))
+    key = calibration.machine_key(generator.modality, calibration_paths(generator))
+    record = usable_record(key)  # read once: the model files' hash and the cache file
     built = {}
     for name in factories:  # not calibrated yet: built now, so one this model cannot serve is left out before
         if not record or name not in record["draft_s"]:
             built[name] = _built(factories[name])
     plans = [f.plan for name, f in factories.items() if built.get(name, True) is not None]
-    costs, priors = calibrated(generator, target, processing, prompts[0], factories, plans, quiet=quiet)
+    costs, priors = calibrated(generator, target, processing, prompts[0], factories, plans, key, record, quiet=quiet)
     offered = plans
     if not knobs.get("candidates"):  # named candidates are offered as named
         offered = raced(plans, priors)
@@ -195,10 +196,8 @@ def usable_record(key: dict) -> dict | None:
 
 
 def calibrated(generator, target, processing: Processing, prompt: torch.Tensor, factories: dict, candidates,
-               quiet: bool = False):
-    """(Costs, priors by candidate) from the cache, measuring what it lacks."""
-    key = calibration.machine_key(generator.modality, calibration_paths(generator))
-    record = usable_record(key)
+               key: dict, record: dict | None, quiet: bool = False):
+    """(Costs, priors by candidate) from the cached `record` (`usable_record(key)`), measuring what it lacks."""
     windows = set(calibration.WINDOWS)
     for candidate in candidates:
         windows.add(candidate.nodes + 1 if candidate.is_tree else max(candidate.lengths) + 1)

@@ -101,7 +101,7 @@ def _share_of_best(methods: dict, category: str) -> float | None:
     """auto's median speedup in `category` over the best of the other methods of ours (plain decoding and the
     Hugging Face peers left out)."""
     others = [m["speedup_by_category"].get(category) for name, m in methods.items()
-              if name not in ("ar", "auto") and not name.startswith("hf")]
+              if name not in ("ar", "auto") and m["method"] not in PEERS]
     best = max((v for v in others if v is not None), default=None)
     mine = methods["auto"]["speedup_by_category"].get(category)
     return mine / best if mine is not None and best else None
