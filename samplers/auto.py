@@ -169,6 +169,10 @@ class AutoDrafter:
     # at 1.17x
     FREE_SWITCH = 0.25
     KNOWN_STEPS = 8  # steps of its own in this request after which a candidate's prediction rests on the request
+    # steps a newly chosen drafter runs before auto may leave it (re-lengthing it meanwhile): a completion's first
+    # tokens are its hardest, and two rejections at the first position halved draft-lookup's predicted speed on the
+    # code pair's bench prompts and sent auto to prompt lookup for the rest of the request (0.77x draft-lookup alone)
+    TENURE = 8
     EXPLORE = 0.5  # the share of the gap to 1 an untested position's acceptance is raised by when choosing a length
     EXPLORE_REACH = 2  # the most tokens exploring adds to the point estimate's best length at one decision
     TIMING_WEIGHT = 3.0  # pseudo-steps at the calibrated cost behind each candidate's timed steps
@@ -184,7 +188,7 @@ class AutoDrafter:
         self.choice: tuple[str, int] = (PLAIN, 0)
         self.step_rule = None  # the rule of the candidate that drafted this step (None: nothing drafted)
         self._running: str = PLAIN  # who drafts this step
-        self._shadows: dict[str, Draft] = {}
+        self._shadows: dict[str, tuple[DecodeContext, int]] = {}  # shadowed: the context and budget
         self._probe_credit = {c.name: 0 for c in candidates}  # steps not running since its last probe
         self._probe_gap = {c.name: self.PROBE_EVERY for c in candidates}
         self.timeline: list[dict] = []
@@ -201,6 +205,7 @@ class AutoDrafter:
         self._budget = 0
         self._lookup_share: dict[str, float] = {}
         self._settled = False
+        self._chosen_at = 0  # the step the current choice was made at
 
     # ---- before the first step -------------------------------------------------------------------------------
 
@@ -234,11 +239,8 @@ class AutoDrafter:
         for end in range(max(2, len(prompt) - last), len(prompt)):
             ctx = DecodeContext([torch.tensor(prompt[:end])], torch.zeros(1, dtype=torch.long),
                                 torch.zeros(1, dtype=torch.long), 0)
-            proposal = cand.drafter.propose(ctx, min(budget, len(prompt) - end))
-            drafted = int(proposal.drafted()[0])
-            truth = prompt[end:end + drafted]
-            accepted = _matched(proposal.tokens[0, :drafted].tolist(), truth)
-            estimate.record(drafted, accepted, accepted < drafted)
+            (tested, accepted), = _agreement(cand.drafter, ctx, [prompt[end:]], min(budget, len(prompt) - end))
+            estimate.record(tested, accepted, accepted < tested)
         # the prompt is a weak witness: keep it at the prior's weight
         scale = self.weight / max(estimate.steps, 1)
         if scale < 1:
@@ -429,7 +431,9 @@ class AutoDrafter:
             # turned out too long is not a reason to leave (on Gemma a first draft of 9 tokens, rejected early,
             # sent auto from prompt lookup to consensus' trees at the second step)
             now = predicted[current]["predicted_speedup"]
-            if best != current and predicted[best]["predicted_speedup"] > now * (1.0 + self._switch_margin(best)):
+            serving = current != PLAIN and self.step - self._chosen_at < self.TENURE
+            if not serving and best != current and \
+                    predicted[best]["predicted_speedup"] > now * (1.0 + self._switch_margin(best)):
                 choice = (best, self._length(best))
             elif current != PLAIN and not self.candidates[current].by_tau:
                 # re-length within the candidate at half the margin: near its best length the predicted speed is
@@ -441,6 +445,8 @@ class AutoDrafter:
         # win: the rest of the request is plain decoding at a plain step's cost (the decision's own bookkeeping was
         # 6 % of a speech request's time at the demo's example)
         self._settled = choice[0] == PLAIN and not any(c.shadow for c in self.candidates.values())
+        if first or choice[0] != self.choice[0]:
+            self._chosen_at = self.step
         if first or choice != self.choice:
             self.timeline.append({"step": self.step, "method": choice[0], "length": choice[1],
                                   "predicted": {n: round(p["predicted_speedup"], 3) for n, p in predicted.items()}})
@@ -458,7 +464,13 @@ class AutoDrafter:
             return self.margin * (self.FREE_SWITCH if free else 1.0)
         cand = self.candidates[name]
         known = cand.shadow or self.estimates[name].steps >= self.KNOWN_STEPS
-        return self.margin * (self.FREE_SWITCH if cand.model_free and known else 1.0)
+        # from a drafter that takes this candidate's tokens wherever it has any (draft-lookup and prompt lookup), a
+        # switch can only win the draft model's forwards on the other steps, and the shadowed estimate it rests on
+        # tests deep positions only where the running drafter's tokens were accepted that far: the whole margin (with
+        # a quarter, auto left draft-lookup for lookup on the code pair's retrieval prompt: 0.77x draft-lookup alone)
+        running = self.candidates.get(self.choice[0])
+        part = running is not None and running.lookup_part == name
+        return self.margin * (self.FREE_SWITCH if cand.model_free and known and not part else 1.0)
 
     def _length(self, name: str) -> int:
         """The length a newly chosen candidate drafts: its best with exploration (the point estimate's for trees)."""
@@ -519,8 +531,8 @@ class AutoDrafter:
     def propose(self, ctx: DecodeContext, budget: int) -> Draft | DraftTree:
         self._shadows = {}
         for name, cand in self.candidates.items():
-            if cand.shadow and name != self._running:
-                self._shadows[name] = cand.drafter.propose(ctx, max(cand.lengths))
+            if cand.shadow and name != self._running:  # compared with what the step commits, in observe
+                self._shadows[name] = (ctx, max(cand.lengths))
         self._budget = budget
         if self._running == PLAIN:
             self._clock_draft(None)
@@ -565,13 +577,9 @@ class AutoDrafter:
                 else:
                     est.record(drafted, accepted, rejected[i])
         learnt = running != PLAIN or bool(self._shadows)
-        for name, shadow in self._shadows.items():  # what a point-mass drafter would have had accepted
+        for name, (ctx, budget) in self._shadows.items():  # what a point-mass drafter would have had accepted
             est = self.estimates[name]
-            for i, tokens in enumerate(committed):
-                drafted = int(shadow.drafted()[i]) if shadow.length else 0
-                guess = shadow.tokens[i, :drafted].tolist()
-                accepted = _matched(guess, tokens)
-                tested = min(drafted, len(tokens))
+            for tested, accepted in _agreement(self.candidates[name].drafter, ctx, committed, budget):
                 est.record(tested, accepted, accepted < tested)
         self._shadows = {}
         # time this step unless its drafter has just taken over: its first step catches up on what the others
@@ -661,6 +669,21 @@ def nondecreasing(values: list[float], weights: list[float] | None = None) -> li
             mean = (mean_a * weight_a + mean_b * weight_b) / pooled if pooled else (mean_a + mean_b) / 2
             blocks.append([mean, pooled, count_a + count_b])
     return [mean for mean, _, count in blocks for _ in range(count)]
+
+
+def _agreement(drafter, ctx: DecodeContext, truths: list[list[int]], budget: int) -> list[tuple[int, int]]:
+    """(slots compared, slots matched) per row between a point-mass drafter's proposal from `ctx` and `truths`, up
+    to the first mismatch: the drafter's own `agreement` where it has one (it stops looking up there), else its
+    whole proposal compared."""
+    if hasattr(drafter, "agreement"):
+        return drafter.agreement(ctx, truths, budget)
+    proposal = drafter.propose(ctx, budget)
+    out = []
+    for i, truth in enumerate(truths):
+        drafted = int(proposal.drafted()[i]) if proposal.length else 0
+        accepted = _matched(proposal.tokens[i, :drafted].tolist(), truth)
+        out.append((min(drafted, len(truth)), accepted))
+    return out
 
 
 def _matched(guess: list[int], truth: list[int]) -> int:

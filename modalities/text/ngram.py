@@ -136,5 +136,25 @@ class PromptLookupDrafter:
             tokens[i, :len(follow)] = torch.tensor(follow, dtype=torch.long)
         return Draft(tokens, None, num_drafted=torch.tensor([len(f) for f in found]))
 
+    def agreement(self, ctx: DecodeContext, truths: list[list[int]], budget: int) -> list[tuple[int, int]]:
+        """(slots compared, slots matched) per row between what `propose(ctx, budget)` drafts and `truths` (the
+        tokens the rows went on with), compared slot by slot up to the first mismatch: what a shadowed lookup would
+        have had accepted, without looking up the slots past the first mismatch (`auto` asks this after every step,
+        where the step commits a few tokens and a full proposal looked up 16)."""
+        out = []
+        for row, context, truth in zip(ctx.rows.tolist(), ctx.tokens, truths):
+            index, tokens = _row_index(self.indices, row, self.max_ngram), context.tolist()
+            tested = matched = 0
+            for slot in range(min(budget, len(truth))):
+                found = index.follower(tokens + truth[:slot], 1 if slot == 0 else self.min_ngram)
+                if found is None:
+                    break
+                tested += 1
+                if found != truth[slot]:
+                    break
+                matched += 1
+            out.append((tested, matched))
+        return out
+
     def observe(self, verdict: Verdict) -> None:
         pass

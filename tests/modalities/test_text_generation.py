@@ -52,6 +52,28 @@ def test_prompt_lookup_drafter_is_ragged():
     assert draft.tokens[0].tolist() == [2, 1, 2]  # each slot looks up again with the drafted tokens appended
 
 
+def test_lookup_agreement_is_the_proposal_compared_up_to_its_first_mismatch():
+    """`agreement` (what auto's shadowed lookup records) equals proposing the whole draft and comparing it with the
+    tokens that followed, on random repetitive contexts and continuations, with one index kept across the calls."""
+    rng = torch.Generator().manual_seed(0)
+    lazy, eager = PromptLookupDrafter(4, 2), PromptLookupDrafter(4, 2)
+    seen = set()
+    for _ in range(300):
+        rows = [torch.randint(0, 3, (int(torch.randint(2, 30, (1,), generator=rng)),), generator=rng) for _ in range(2)]
+        truths = [torch.randint(0, 3, (int(torch.randint(1, 8, (1,), generator=rng)),), generator=rng).tolist()
+                  for _ in rows]
+        ctx = DecodeContext(rows, torch.arange(2), torch.arange(2))
+        budget = int(torch.randint(1, 10, (1,), generator=rng))
+        draft = eager.propose(ctx, budget)
+        agreed = lazy.agreement(ctx, truths, budget)
+        for (tested, matched), guess, count, truth in zip(agreed, draft.tokens, draft.drafted(), truths):
+            drafted = guess[:int(count)].tolist()[:len(truth)]
+            drafted = drafted[:next((i + 1 for i, (a, b) in enumerate(zip(drafted, truth)) if a != b), len(drafted))]
+            assert tested == len(drafted) and matched == sum(a == b for a, b in zip(drafted, truth))
+            seen.add((tested > matched, tested > 0))
+    assert seen == {(False, False), (False, True), (True, True)}  # no match, all matched, a mismatch
+
+
 def test_lookup_slots_need_a_repeated_ngram_of_the_minimum_length():
     slots = LookupSlots(3, 2)
     assert slots.next_token([1, 2, 3, 9, 1, 2]) == 3  # the 2-gram (1, 2) occurred before

@@ -94,6 +94,12 @@ def test_auto_switches_away_from_a_drafter_that_is_rejected():
     assert auto.choice[0] == "a"
     for _ in range(30):  # a is rejected at its first token every time
         auto.estimates["a"].record(3, 0, True)
+    # a newly chosen drafter serves TENURE steps first (a completion's first tokens are its hardest); meanwhile
+    # only its length may change
+    auto.step = auto.TENURE - 1
+    auto._decide()
+    assert auto.choice[0] == "a"
+    auto.step = auto.TENURE
     auto._decide()
     assert auto.choice[0] == "b" and auto.timeline[-1]["method"] == "b"
     assert set(auto.timeline[-1]["predicted"]) == {PLAIN, "a", "b"}
@@ -134,7 +140,7 @@ def test_hysteresis_keeps_the_choice_within_the_margin():
     a = Candidate("a", None, None, (2,), prior_alpha=0.6)
     b = Candidate("b", None, None, (2,), prior_alpha=0.61)
     auto = AutoDrafter([a, b], costs, margin=0.2)
-    auto.choice = ("a", 2)
+    auto.choice, auto.step = ("a", 2), auto.TENURE  # past its first steps: free to leave
     auto._decide()
     assert auto.choice == ("a", 2)
 
@@ -150,7 +156,7 @@ def test_a_switch_that_costs_no_catch_up_needs_a_quarter_of_the_margin():
         auto = AutoDrafter([a, b], costs, margin=0.2)
         for i in range(steps):  # b has run in this request: 2 drafted, 1 or 2 accepted
             auto.estimates["b"].record(2, 1 + i % 2, i % 2 == 0)
-        auto.choice = ("a", 2)
+        auto.choice, auto.step = ("a", 2), auto.TENURE  # a has served its first steps
         assert 1.0 + 0.2 * auto.FREE_SWITCH < auto.speed("b", 2) / auto.speed("a", 2) < 1.2
         auto._decide()
         assert (auto.choice[0] == "b") == switched
@@ -195,7 +201,7 @@ def test_a_length_that_turned_out_too_long_is_re_lengthened_not_left():
     a = Candidate("a", None, None, tuple(range(1, 10)), prior_alpha=0.6)
     b = Candidate("b", None, None, tuple(range(1, 10)), prior_alpha=0.62)  # a little better than a at its best
     auto = AutoDrafter([a, b], costs, margin=0.2)
-    auto.choice = ("a", 9)
+    auto.choice, auto.step = ("a", 9), auto.TENURE
     assert auto.best_length("a")[1] < auto.best_length("b")[1] < 1.2 * auto.best_length("a")[1]
     assert auto.best_length("b")[1] > 1.2 * auto.speed("a", 9)
     auto._decide()
