@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import weakref
 from typing import Sequence
 
 import torch
@@ -106,6 +107,29 @@ def _tree_nodes(spec, knobs: dict) -> int:
     return 16
 
 
+# generator -> {the request's `candidates` knob: [(method spec, its default knobs)]}: which methods the generator can
+# serve and their knobs depend on its model files only, and working them out (a dozen registry entries, each one's
+# servability and defaults, file paths resolved) was a millisecond of every code-pair request
+_SPECS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def candidate_specs(generator, knobs: dict) -> list:
+    """(spec, default knobs) of each method `candidate_names` offers that the generator can resolve, once per
+    generator and `candidates` knob."""
+    cached = _SPECS.setdefault(generator, {})
+    key = (knobs.get("candidates"), tuple(map(str, calibration_paths(generator))))
+    if key not in cached:
+        specs = []
+        for name in candidate_names(generator, knobs):
+            cand_spec = get_method(generator.modality, name)
+            try:
+                specs.append((cand_spec, generator.resolve_knobs(cand_spec, {})))
+            except SpecgenError:
+                continue
+        cached[key] = specs
+    return [(spec, dict(knobs)) for spec, knobs in cached[key]]
+
+
 def build_auto_pipeline(generator, spec, prompts: Sequence[torch.Tensor], *, max_new_tokens: int | None,
                         sampling: dict, params: dict, stats: SpecStats | None = None, quiet: bool = False,
                         paths: int | None = None):
@@ -115,13 +139,7 @@ def build_auto_pipeline(generator, spec, prompts: Sequence[torch.Tensor], *, max
     processing = generator.processing(**sampling)
     max_new_tokens = generator.length_cap(prompts, max_new_tokens)
     stats = stats if stats is not None else SpecStats()
-    specs = []
-    for name in candidate_names(generator, knobs):
-        cand_spec = get_method(generator.modality, name)
-        try:
-            specs.append((cand_spec, generator.resolve_knobs(cand_spec, {})))
-        except SpecgenError:
-            continue
+    specs = candidate_specs(generator, knobs)
     capacity = None
     for cand_spec, cand_knobs in specs:
         need = generator.capacity(cand_spec, cand_knobs, prompts, max_new_tokens)

@@ -206,6 +206,7 @@ class AutoDrafter:
         self._lookup_share: dict[str, float] = {}
         self._settled = False
         self._chosen_at = 0  # the step the current choice was made at
+        self._deciding: dict | None = None
 
     # ---- before the first step -------------------------------------------------------------------------------
 
@@ -290,6 +291,9 @@ class AutoDrafter:
         """Acceptance per draft position 1..depth: the calibration's profile over positions, its level set by how
         this request's drafts fared against it (and, for a candidate that has not run, by the request's
         difficulty), each position then shrunk towards it by its own tests."""
+        memo = self._deciding
+        if memo is not None and (name, depth) in memo:  # within one decision the estimates do not change
+            return memo[name, depth]
         cand, est = self.candidates[name], self.estimates[name]
         size = max(depth, len(est.tested_at))
         level = self.prior_alpha(name) / cand.prior_alpha if cand.prior_alpha > 0 else 1.0
@@ -306,7 +310,10 @@ class AutoDrafter:
             weights.append(tested + self.weight)
         # non-decreasing over positions, as the calibration's profile: one rejection at the third position must not
         # read as a wall there that keeps every draft at two tokens
-        return nondecreasing(out, weights)
+        out = nondecreasing(out, weights)
+        if memo is not None:
+            memo[name, depth] = out
+        return out
 
     def hit_rate(self, name: str) -> float:
         cand, est = self.candidates[name], self.estimates[name]
@@ -416,11 +423,21 @@ class AutoDrafter:
     # ---- the decision --------------------------------------------------------------------------------------------
 
     def _decide(self, first: bool = False) -> None:
-        predicted = self.predictions()
-        best = max(predicted, key=lambda n: (predicted[n]["predicted_speedup"], n == PLAIN))
+        self._deciding = {}  # alphas by (candidate, depth), for this decision only
+        try:
+            self._choose(first)
+        finally:
+            self._deciding = None
+
+    def _choose(self, first: bool) -> None:
         current, length = self.choice
+        # a drafter serving its first TENURE steps may only be re-lengthened: the other candidates' predictions are
+        # not needed (on the code pair the decisions of a request's first steps were most of auto's own work)
+        serving = not first and current != PLAIN and self.step - self._chosen_at < self.TENURE
+        predicted = None if serving else self.predictions()
         choice = self.choice
         if first:
+            best = max(predicted, key=lambda n: (predicted[n]["predicted_speedup"], n == PLAIN))
             # plain decoding unless a drafter is predicted faster by half the margin: the predictions err by about a
             # tenth, and a request that starts drafting for a predicted 1.05x ran at 0.9x (speech demo example)
             if best != PLAIN and predicted[best]["predicted_speedup"] < 1.0 + self.margin / 2:
@@ -430,10 +447,9 @@ class AutoDrafter:
             # the current candidate at its best length: staying may re-length it (below), so a length that has
             # turned out too long is not a reason to leave (on Gemma a first draft of 9 tokens, rejected early,
             # sent auto from prompt lookup to consensus' trees at the second step)
-            now = predicted[current]["predicted_speedup"]
-            serving = current != PLAIN and self.step - self._chosen_at < self.TENURE
-            if not serving and best != current and \
-                    predicted[best]["predicted_speedup"] > now * (1.0 + self._switch_margin(best)):
+            best = current if serving else max(predicted, key=lambda n: (predicted[n]["predicted_speedup"], n == PLAIN))
+            if best != current and predicted[best]["predicted_speedup"] > \
+                    predicted[current]["predicted_speedup"] * (1.0 + self._switch_margin(best)):
                 choice = (best, self._length(best))
             elif current != PLAIN and not self.candidates[current].by_tau:
                 # re-length within the candidate at half the margin: near its best length the predicted speed is
@@ -445,9 +461,10 @@ class AutoDrafter:
         # win: the rest of the request is plain decoding at a plain step's cost (the decision's own bookkeeping was
         # 6 % of a speech request's time at the demo's example)
         self._settled = choice[0] == PLAIN and not any(c.shadow for c in self.candidates.values())
-        if first or choice[0] != self.choice[0]:
+        if first or choice[0] != current:
             self._chosen_at = self.step
         if first or choice != self.choice:
+            predicted = predicted or self.predictions()
             self.timeline.append({"step": self.step, "method": choice[0], "length": choice[1],
                                   "predicted": {n: round(p["predicted_speedup"], 3) for n, p in predicted.items()}})
         self.choice = choice
@@ -473,8 +490,19 @@ class AutoDrafter:
         return self.margin * (self.FREE_SWITCH if cand.model_free and known and not part else 1.0)
 
     def _length(self, name: str) -> int:
-        """The length a newly chosen candidate drafts: its best with exploration (the point estimate's for trees)."""
-        return 0 if name == PLAIN else self.best_length(name, explore=True)[0]
+        """The length a newly chosen candidate drafts: its best with exploration (the point estimate's for trees), and
+        no more than the method's own default length while it has not run in this request: until then it is known
+        by priors only, and draft-lookup's, raised by prompt lookup's hits on the prompt, had the first step of the
+        code pair's requests draft 14 tokens where the method drafts 8; one early rejection then kept the request
+        at 7, a step or two more than draft-lookup alone took (0.87-0.91x of it on four bench prompts, 0.90-0.97x
+        with the cap)."""
+        if name == PLAIN:
+            return 0
+        length = self.best_length(name, explore=True)[0]
+        cand = self.candidates[name]
+        if cand.default_length and not cand.by_tau and self.estimates[name].steps == 0:
+            length = min(length, cand.default_length)
+        return length
 
     def _explore_speed(self, name: str, length: int) -> float:
         return self._expected_by_length(name, length, explore=True)[length] / self.step_cost(name, length)
@@ -487,7 +515,7 @@ class AutoDrafter:
         current, length = self.choice
         if current == PLAIN:
             return None
-        now, now_cost = self.speed(current, length), self.step_cost(current, length)
+        now = now_cost = None  # the current choice's speed and step cost, worked out once a probe is due
         for name, cand in self.candidates.items():
             # a stateful drafter's single step says little (its window starts cold): it is not probed
             if cand.shadow or cand.stateful or name == current:
@@ -495,6 +523,8 @@ class AutoDrafter:
             self._probe_credit[name] += 1
             if self._probe_credit[name] < self._probe_gap[name]:  # not due at any cost: skip the estimates below
                 continue
+            if now is None:
+                now, now_cost = self.speed(current, length), self.step_cost(current, length)
             # the optimism decides whether to look, not how far: at the length the point estimate would run (an
             # optimistic length drafts the longest chain: on Gemma 3 270M one probe of 16 drafts verified a
             # 17-slot window, 134 ms against a step's 37). A probe dearer than the current step waits that many

@@ -2,6 +2,7 @@
 switches at fixed steps, chi-square through the loop with adaptive switches, greedy equality) plus a negative
 control (a switch whose first proposal keeps the previous drafter's tokens under the new drafter's law)."""
 
+import dataclasses
 from collections import defaultdict
 
 import pytest
@@ -83,6 +84,18 @@ def test_cheap_verification_picks_the_length_of_the_formula():
     exploring = AutoDrafter([cand], costs, prior_weight=1e9)
     exploring.prime([torch.tensor(PROMPT)])
     assert exploring.choice[1] > auto.choice[1]
+
+
+def test_a_candidate_that_has_not_run_drafts_no_more_than_its_default_length():
+    """Known by priors only, a candidate starts at most at the method's own length; once it has run, its
+    estimates may take it further."""
+    costs = Costs({n: 1.0 + 0.01 * n for n in range(1, 18)}, {"cold": (0.0, 0.01)})
+    cand = dataclasses.replace(candidates()[0], lengths=tuple(range(1, 17)), default_length=3)
+    auto = AutoDrafter([cand], costs)
+    auto.prime([torch.tensor(PROMPT)])
+    assert auto.choice == ("cold", 3) and auto.best_length("cold", explore=True)[0] > 3
+    auto.estimates["cold"].record(3, 3, False)
+    assert auto._length("cold") > 3
 
 
 def test_auto_switches_away_from_a_drafter_that_is_rejected():
