@@ -94,7 +94,9 @@ def test_a_candidate_that_has_not_run_drafts_no_more_than_its_default_length():
     auto = AutoDrafter([cand], costs)
     auto.prime([torch.tensor(PROMPT)])
     assert auto.choice == ("cold", 3) and auto.best_length("cold", explore=True)[0] > 3
-    auto.estimates["cold"].record(3, 3, False)
+    auto.estimates["cold"].record(3, 3, False)  # evidence alone (a shadow) is not a run of its own
+    assert auto._length("cold") == 3
+    auto.steps_by_method["cold"] = 1
     assert auto._length("cold") > 3
 
 
