@@ -71,6 +71,25 @@ def test_expensive_verification_falls_back_to_plain_decoding():
     assert auto.predictions()["cold"]["predicted_speedup"] < 1.0
 
 
+def test_plain_decoding_for_good_needs_even_an_optimistic_estimate_to_lose():
+    """With nothing shadowed, leaving a drafter for plain decoding is for the rest of the request: a few rejections
+    (a hard start) do not settle it, many do."""
+    costs = Costs({1: 1.0, 2: 1.3, 3: 1.6, 4: 1.9}, {"cold": (0.0, 0.05)})
+    verdicts = {}
+    for tests in (10, 200):
+        auto = AutoDrafter([dataclasses.replace(candidates()[0], prior_alpha=0.8)], costs, margin=0.2)
+        auto.prime([torch.tensor(PROMPT)])
+        assert auto.choice[0] == "cold"
+        for _ in range(tests):  # rejected at the first token every time
+            auto.estimates["cold"].record(3, 0, True)
+        auto.step = auto.TENURE
+        # the point estimate alone would leave in both cases
+        assert auto.predictions()["cold"]["predicted_speedup"] < 1.0 / (1.0 + auto.margin)
+        auto._decide()
+        verdicts[tests] = auto.choice[0]
+    assert verdicts == {10: "cold", 200: PLAIN}
+
+
 def test_cheap_verification_picks_the_length_of_the_formula():
     costs = Costs({n: 1.0 + 0.01 * n for n in range(1, 18)}, {"cold": (0.0, 0.01)})
     cand = candidates()[0]
