@@ -90,6 +90,24 @@ def test_plain_decoding_for_good_needs_even_an_optimistic_estimate_to_lose():
     assert verdicts == {10: "cold", 200: PLAIN}
 
 
+def test_one_jacobi_window_is_not_left_for_another():
+    """A running Jacobi window's tokens per step include its cold start while another's prior is a whole image's,
+    and a switch restarts the window: auto keeps the running one (a chain drafter predicted as fast is taken)."""
+    costs = Costs({1: 1.0, 2: 1.1, 3: 1.2, 9: 1.5}, {"a": (0.0, 0.01), "b": (0.0, 0.01)})
+    for stateful, switched in ((True, False), (False, True)):
+        a = Candidate("a", None, None, (8,), stateful=True, prior_alpha=0.5, prior_tau=2.0)
+        b = Candidate("b", None, None, (8,), stateful=stateful, prior_alpha=0.5 if stateful else 0.95,
+                      prior_tau=8.0 if stateful else None, shadow=not stateful)  # a shadow keeps its prior
+        auto = AutoDrafter([a, b], costs, margin=0.2)
+        auto.choice, auto.step = ("a", 8), auto.TENURE
+        for _ in range(40):  # a commits 1.5 tokens a step
+            auto.estimates["a"].steps += 1
+            auto.estimates["a"].committed += 1.5
+        assert auto.predictions()["b"]["predicted_speedup"] > 1.3 * auto.predictions()["a"]["predicted_speedup"]
+        auto._decide()
+        assert (auto.choice[0] == "b") == switched
+
+
 def test_cheap_verification_picks_the_length_of_the_formula():
     costs = Costs({n: 1.0 + 0.01 * n for n in range(1, 18)}, {"cold": (0.0, 0.01)})
     cand = candidates()[0]
