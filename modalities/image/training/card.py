@@ -29,8 +29,9 @@ def _grid_png(rows: list, path: Path, scale: int = 2) -> None:
 
 def card_figures(folder: Path, per_source: int = 64, sample_prompts: tuple[str, ...] | None = None,
                  seed: int = 0) -> dict:
-    """Measure the VQ in folder/vq on held-out items (PSNR per source, codebook usage), write
-    reconstructions.png, and, when folder/target exists, samples.png from plain guided ancestral sampling."""
+    """Measure the VQ the target in folder/target reads (its own `vq/` where it carries one, else folder/vq) on
+    held-out items (PSNR per source, codebook usage), write reconstructions.png, and, when folder/target exists,
+    samples.png from plain guided ancestral sampling."""
     import numpy as np
     import torch
     from specgen.modalities.image.models import load_image_lm, load_image_vocab, sample_codes
@@ -38,7 +39,8 @@ def card_figures(folder: Path, per_source: int = 64, sample_prompts: tuple[str, 
     from specgen.modalities.image.vq import decode, encode, load_vq, psnr
 
     folder = Path(folder)
-    vq = load_vq(folder / "vq")
+    own = folder / "target" / "vq"
+    vq = load_vq(own if (own / "config.json").exists() else folder / "vq")
     report, used, rows = {}, set(), []
     for source in SOURCES:
         items = source_items(source, per_source, seed=seed, split="val")
