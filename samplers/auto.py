@@ -206,6 +206,8 @@ class AutoDrafter:
         self._lookup_share: dict[str, float] = {}
         self._settled = False
         self._chosen_at = 0  # the step the current choice was made at
+        # whether any candidate is shadowed: then plain decoding is not for good (a shadow can bring auto back)
+        self._watching = any(c.shadow for c in candidates)
         self._deciding: dict | None = None
 
     # ---- before the first step -------------------------------------------------------------------------------
@@ -455,7 +457,7 @@ class AutoDrafter:
                 # mc-sjd for sjd in 7 of 10 requests and took up to 104 steps where mc-sjd alone took 79)
                 best = current
             now = predicted[current]["predicted_speedup"] if best != current else 0.0
-            if best == PLAIN and current != PLAIN and not any(c.shadow for c in self.candidates.values()):
+            if best == PLAIN and current != PLAIN and not self._watching:
                 # plain decoding for good (nothing shadowed brings auto back) only when even an optimistic estimate
                 # of the current drafter loses: on a speech prompt where `sd` alone commits 3.1 tokens a step, its
                 # first 8 steps read 0.64x plain decoding and the other 462 steps ran plain
@@ -471,7 +473,7 @@ class AutoDrafter:
         # plain decoding with nothing shadowed and no probes from it cannot learn anything that would make a drafter
         # win: the rest of the request is plain decoding at a plain step's cost (the decision's own bookkeeping was
         # 6 % of a speech request's time at the demo's example)
-        self._settled = choice[0] == PLAIN and not any(c.shadow for c in self.candidates.values())
+        self._settled = choice[0] == PLAIN and not self._watching
         if first or choice[0] != current:
             self._chosen_at = self.step
         if first or choice != self.choice:
@@ -488,8 +490,7 @@ class AutoDrafter:
         into a request, at a tree's cost), and plain decoding with nothing shadowed is for the rest of the request
         (speech: a few early rejections sent auto to plain decoding for good where `sd` ran 1.3 times as fast)."""
         if name == PLAIN:  # free unless it settles for good: with nothing shadowed, plain decoding never comes back
-            free = any(c.shadow for c in self.candidates.values())
-            return self.margin * (self.FREE_SWITCH if free else 1.0)
+            return self.margin * (self.FREE_SWITCH if self._watching else 1.0)
         cand = self.candidates[name]
         known = cand.shadow or self.estimates[name].steps >= self.KNOWN_STEPS
         # from a drafter that takes this candidate's tokens wherever it has any (draft-lookup and prompt lookup), a

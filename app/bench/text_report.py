@@ -171,7 +171,7 @@ def render_markdown(result: dict, plot_name: str | None) -> str:
     for m in methods.values():
         lines.append(f"| `{m['name']}` | " + " | ".join(_f(m["speedup_by_category"].get(c)) for c in categories)
                      + " |")
-    if "auto" in methods:  # #39's yardstick: auto against the best of our single methods, chosen with hindsight
+    if "auto" in methods:  # auto against the best of our single methods, chosen with hindsight per category
         lines.append("| `auto` ÷ the best other method | " + " | ".join(_f(_share_of_best(methods, c))
                                                                          for c in categories) + " |")
 

@@ -38,11 +38,11 @@ def default_paths() -> dict[str, Path]:
             "head": base / "head"}
 
 
-def vq_of(model_path: str | Path) -> Path:
+def vq_of(model_path: str | Path, default: str | Path | None = None) -> Path:
     """The VQ whose codes the token model at `model_path` reads: the `vq/` folder inside it where it carries one (a
-    model trained on the codes of another tokenizer than the shipped one), else the shipped VQ."""
+    model trained on the codes of another tokenizer than the shipped one), else `default` (the shipped VQ)."""
     own = Path(model_path) / "vq"
-    return own if (own / "config.json").exists() else default_paths()["vq"]
+    return own if (own / "config.json").exists() else Path(default or default_paths()["vq"])
 
 
 def check_vq(model_path: str | Path, vq_path: str | Path) -> None:

@@ -34,13 +34,12 @@ def card_figures(folder: Path, per_source: int = 64, sample_prompts: tuple[str, 
     samples.png from plain guided ancestral sampling."""
     import numpy as np
     import torch
-    from specgen.modalities.image.models import load_image_lm, load_image_vocab, sample_codes
+    from specgen.modalities.image.models import load_image_lm, load_image_vocab, sample_codes, vq_of
     from specgen.modalities.image.training.images import SOURCES, source_items
     from specgen.modalities.image.vq import decode, encode, load_vq, psnr
 
     folder = Path(folder)
-    own = folder / "target" / "vq"
-    vq = load_vq(own if (own / "config.json").exists() else folder / "vq")
+    vq = load_vq(vq_of(folder / "target", default=folder / "vq"))
     report, used, rows = {}, set(), []
     for source in SOURCES:
         items = source_items(source, per_source, seed=seed, split="val")
