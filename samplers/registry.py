@@ -474,9 +474,10 @@ for _modality, _sjd_window, _window in (("image", 16, 16), ("video", 16, 32)):
 # Image only: static draft trees from the EAGLE-style head over the image target's features, verified exactly
 # (eagle) or with LANTERN's relaxed acceptance over latent neighbours in the VQ codebook (lantern, lantern++).
 # Defaults: benchmarks/image-lantern-latest.md (the lambda sweep).
-HEAD_TREE = Knob("shape", str, "chain-8", "static draft tree: 'chain-N', 'k-ary-WxD' or 'eagle' (EAGLE-1's 25-node "
+HEAD_TREE = Knob("shape", str, "chain-3", "static draft tree: 'chain-N', 'k-ary-WxD' or 'eagle' (EAGLE-1's 25-node "
                  "tree); a chain drafts one code per head forward through the compiled draft step, and on one CPU "
-                 "thread a deep chain returns more than a wide tree (docs/image.md)")
+                 "thread a chain returns more than a wide tree; 3 deep is the fastest on the shipped target, whose "
+                 "plain step costs little more than 3 head levels (docs/image.md)")
 NEIGHBOURS = Knob("neighbours", int, 10, "k: latent neighbours a drafted code may borrow target mass from", 1, 4096)
 register(MethodSpec("eagle", "image", True,
                     "an EAGLE-style head over the target's features drafts a static tree (children without "

@@ -111,7 +111,7 @@ def run_bench_image(*, prompts_path: Path | None = None, methods: list[str] | No
     processing = generator.processing()
     result["env"] = run_env(start, prompts=str(prompts_path), repeats=repeats, windows=list(windows),
                             sampling={"temperature": 1.0, "top_k": processing.top_k,
-                                      "guidance_scale": processing.guidance_scale},
+                                      "guidance_scale": generator.default_guidance},
                             model=str(generator.model_path), vq=str(generator.vq_path))
     if quality:
         result["quality"] = quality_summary(runs, prompts, methods, generator.vocab.frames, generator.vq,
@@ -280,7 +280,7 @@ def render_markdown(result: dict, plot_name: str | None, samples_name: str | Non
     lines = [f"# specgen bench {modality}", "",
              run_line(env), "",
              f"Sampling: temperature {env['sampling']['temperature']}, top-k {env['sampling']['top_k']}, "
-             f"guidance {env['sampling']['guidance_scale']}; {result['tokens_per_image']} tokens per {unit}"
+             f"guidance {env['sampling']['guidance_scale'] or 1.0}; {result['tokens_per_image']} tokens per {unit}"
              + (f" ({result['frames']} frames)" if result.get("frames", 1) > 1 else "") + "; "
              f"prompts `{env['prompts']}`, {env['repeats']} repeat(s).", "",
              "## Best window per method", "",

@@ -165,7 +165,7 @@ def cache_key(generator, shape: str) -> str:
     for path in (generator.model_path / "model.safetensors", generator.head_path / "model.safetensors",
                  generator.head_path / "fc.safetensors"):
         digest.update(path.read_bytes())
-    digest.update(f"{shape}|{SAMPLES_PER_PROMPT}".encode())
+    digest.update(f"{shape}|{SAMPLES_PER_PROMPT}|{generator.default_guidance}".encode())
     return digest.hexdigest()[:16]
 
 
@@ -276,7 +276,8 @@ def render_markdown(result: dict, plot_name: str | None) -> str:
     lines = ["# specgen bench image: EAGLE head, LANTERN, LANTERN++", "",
              run_line(env), "",
              f"Command: `{env.get('command', '')}` · tree `{env['shape']}` · neighbours k = {env['neighbours']} · "
-             f"{len(result['prompts'])} prompts × {env['repeats']} repeat(s); temperature 1, top-k 50, guidance 3.",
+             f"{len(result['prompts'])} prompts × {env['repeats']} repeat(s); temperature 1, top-k 50, "
+             f"guidance {env.get('guidance', 3.0):g}.",
              "", "| setting | steps | τ | relaxed share | speedup vs ar [95 % CI] |", "|---|---|---|---|---|"]
     for row in speed["table"]:
         ci = row["speedup_ci95"]
@@ -362,6 +363,7 @@ def bench_lantern(args, methods) -> dict:
     result = {"speed": speed, "quality": quality, "prompts": [p.id for p in prompts],
               "env": run_env(start, repeats=args.repeats, shape=shape or defaults["shape"],
                              neighbours=defaults["neighbours"], head=str(generator.head_path),
+                             guidance=generator.default_guidance,
                              command=command_line(args))}
     figures = {"png": lambda path: plot_frontier(path, result)}
     if quality:

@@ -24,7 +24,7 @@ def header_markdown(text_models, image_models=None, speech_models=None, video_mo
             f"after every drafted token was accepted), **target** (plain decoding).  \n"
             + (image_models.describe() + "; Jacobi decoding (SJD, MC-SJD, Gumbel) needs no draft model.  \n"
                if image_models is not None else "")
-            + (video_models.describe() + ", on the same VQ tokenizer.  \n" if video_models is not None else "")
+            + (video_models.describe() + ".  \n" if video_models is not None else "")
             + (speech_models.describe() + " with its draft model." if speech_models is not None else ""))
 
 

@@ -38,6 +38,14 @@ class ImageModels(LazyGenerator):
         super().__init__(load, f"{self.modality} models", generator)
         self._model = model
 
+    def model_path(self):
+        """The token model's folder, known before it is loaded."""
+        from specgen.modalities.image.models import default_paths
+
+        if self._generator is not None:
+            return self._generator.model_path
+        return self._model or default_paths()["video" if self.modality == "video" else "target"]
+
     def describe(self) -> str:
         if self._generator is not None:
             path = self._generator.model_path
@@ -175,7 +183,7 @@ def build_image_tab(gr, image_models: ImageModels, *, concurrency_limit: int, co
     examples = conditions.VIDEO_EXAMPLE_PROMPTS if modality == "video" else conditions.EXAMPLE_PROMPTS
     default = registry.default_method(modality)
     knobs = registry.get_method(modality, registry.fixed_default_method(modality)).resolve_knobs({})  # Jacobi sliders
-    options = request_options.fields(modality)
+    options = with_model_guidance(request_options.fields(modality), image_models.model_path())
     with gr.Tab(modality.capitalize(), id=modality, elem_id=f"tab-{modality}"):
         with gr.Row():
             with gr.Column(scale=1):
@@ -209,6 +217,17 @@ def build_image_tab(gr, image_models: ImageModels, *, concurrency_limit: int, co
     stop.click(None, None, None, cancels=[event], api_name=False)
     method.change(lambda name: jacobi_knob_defaults(gr, modality, name), [method], [window, init], api_name=False)
     return event
+
+
+def with_model_guidance(options: dict, model_path) -> dict:
+    """The request options with the guidance widget starting at the model's own default (its
+    generation_config.json), read without loading the model."""
+    from dataclasses import replace
+
+    from specgen.modalities.image.models import default_guidance
+
+    field = options["guidance_scale"]
+    return {**options, "guidance_scale": replace(field, demo=replace(field.demo, start=default_guidance(model_path)))}
 
 
 def default_lam() -> float:

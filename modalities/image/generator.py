@@ -23,7 +23,8 @@ import torch
 from specgen.settings import use_threads
 from specgen.errors import InvalidRequest
 from specgen.modalities.image import vq as vq_codec
-from specgen.modalities.image.models import check_vq, default_paths, load_image_lm, load_image_vocab, vq_of
+from specgen.modalities.image.models import (check_vq, default_guidance, default_paths, load_image_lm, load_image_vocab,
+                                            vq_of)
 from specgen.modalities.runtime.llama_runner import fast_matmul_dtype
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget, measure_window_s
 from specgen.modalities.image.eagle_head.drafter import EagleTreeDrafter
@@ -39,10 +40,9 @@ from specgen.samplers.stats import SpecStats
 from specgen.samplers.types import StepEvent
 
 
-# Sampling defaults for the shipped models: top-k trims the long flat tail a small model leaves over the codebook,
-# guidance sharpens the condition (LlamaGen/SJD scripts use top-k ~6 % of the codebook and guidance 3-7.5).
+# Sampling default for the shipped models: top-k trims the long flat tail a small model leaves over the codebook
+# (LlamaGen/SJD scripts use ~6 % of the codebook). The guidance default is the model's own (models.default_guidance).
 DEFAULT_TOP_K = 50
-DEFAULT_GUIDANCE = 3.0
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,7 @@ class ImageGenerator(Generator):
         check_vq(self.model_path, self.vq_path)
         self.model = load_image_lm(self.model_path, dtype)
         self.vocab = load_image_vocab(self.model_path)
+        self.default_guidance = default_guidance(self.model_path)
         # images: bfloat16 linears and per-query attention where that is exact and faster. Clips stay float32:
         # over their 1,000-code contexts the per-query attention kernel costs more than SDPA saves, and MC-SJD
         # ran no faster per clip (docs/video.md)
@@ -98,7 +99,7 @@ class ImageGenerator(Generator):
     def processing(self, *, temperature: float = 1.0, top_k: int | None = None, top_p: float = 1.0,
                    guidance_scale: float | None = None) -> Processing:
         top_k = DEFAULT_TOP_K if top_k is None else top_k
-        guidance_scale = DEFAULT_GUIDANCE if guidance_scale is None else guidance_scale
+        guidance_scale = self.default_guidance if guidance_scale is None else guidance_scale
         if not guidance_scale >= 0:
             raise InvalidRequest(f"guidance_scale must be >= 0, got {guidance_scale}")
         guidance = None if guidance_scale == 1.0 else guidance_scale  # 1 = conditioned logits only: no second row

@@ -23,6 +23,10 @@ ARCHITECTURES = {
                   num_key_value_heads=4),
 }
 MAX_POSITIONS = 512  # >= prefix + 2 + 256 for images; video models get their sequence length rounded up to 64
+# Classifier-free guidance for a model whose generation_config.json names none (LlamaGen/SJD scripts use 3-7.5).
+# A model that draws its condition without help (the bold-glyph target) names 1 there: guidance then only costs a
+# second row per step and pushes its samples off the codes it learned.
+RECIPE_GUIDANCE = 3.0
 
 
 def assets_dir() -> Path:
@@ -55,6 +59,14 @@ def check_vq(model_path: str | Path, vq_path: str | Path) -> None:
     if wanted and weights.exists() and file_sha256(weights) != wanted:
         raise InvalidRequest(f"the token model in {str(model_path)!r} was trained on the codes of another VQ than "
                              f"{str(vq_path)!r}; pass the VQ it was trained with (or none, for its own)")
+
+
+def default_guidance(path: str | Path) -> float:
+    """The guidance scale the token model at `path` decodes with by default: `guidance_scale` in its
+    generation_config.json, else RECIPE_GUIDANCE."""
+    config = Path(path) / "generation_config.json"
+    value = json.loads(config.read_text()).get("guidance_scale") if config.exists() else None
+    return RECIPE_GUIDANCE if value is None else float(value)
 
 
 def glyph_style_of(path: str | Path) -> str:

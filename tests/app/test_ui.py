@@ -375,6 +375,25 @@ def test_the_image_tab_starts_each_method_from_its_own_window_and_initial_drafts
     assert all("value" not in update for update in jacobi_knob_defaults(gr, "image", "ar"))
 
 
+def test_the_image_tab_starts_guidance_at_the_models_own(tmp_path):
+    """The guidance slider starts at the served model's default (its generation_config.json), 3 where it names
+    none: the request then decodes as `specgen generate image` does. Nothing loads."""
+    import json
+
+    from specgen.app import request_options
+    from specgen.app.ui.image import ImageModels, with_model_guidance
+
+    unguided = tmp_path / "unguided"
+    unguided.mkdir()
+    (unguided / "generation_config.json").write_text(json.dumps({"guidance_scale": 1.0}))
+    options = request_options.fields("image")
+    for folder, start in ((unguided, 1.0), (tmp_path / "plain", 3.0)):
+        models = ImageModels(model=str(folder))
+        assert with_model_guidance(options, models.model_path())["guidance_scale"].demo.start == start
+        assert not models.loaded
+    assert options["guidance_scale"].demo.start == 3.0  # the shared fields are left as they were
+
+
 def test_the_text_tabs_knobs_keep_their_positions_new_ones_come_last():
     """The demo's API takes the knobs positionally: a knob added to the registry goes after all earlier ones."""
     from specgen.app.ui.text import text_knobs

@@ -59,3 +59,21 @@ def test_bad_requests_get_clear_errors(grid4):
         generator.generate("red K", method="mc-sjd", window=1)
     with pytest.raises(InvalidRequest, match="init must be one of random, left"):
         generator.generate("red K", method="mc-sjd", init="zeros")
+
+
+def test_guidance_defaults_to_the_models_own(grid4, tmp_path):
+    """A model whose generation_config.json names `guidance_scale` decodes with it by default (1: one row, no
+    unconditioned twin); one that names none keeps the recipe's 3; an explicit scale wins over both."""
+    import json
+    import shutil
+
+    model, vq = grid4
+    own = shutil.copytree(model, tmp_path / "model")
+    config = own / "generation_config.json"
+    config.write_text(json.dumps({**(json.loads(config.read_text()) if config.exists() else {}),
+                                  "guidance_scale": 1.0}))
+    plain, unguided = ImageGenerator(model, vq), ImageGenerator(own, vq)
+    assert plain.processing().guidance_scale == 3.0 and unguided.processing().guidance_scale is None
+    assert unguided.processing(guidance_scale=2.0).guidance_scale == 2.0
+    by_default = unguided.generate("red K on blue", method="ar", temperature=0)
+    assert by_default.tokens == plain.generate("red K on blue", method="ar", temperature=0, guidance_scale=1.0).tokens

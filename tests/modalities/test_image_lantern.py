@@ -33,7 +33,7 @@ def grid2(tmp_path_factory):
 
 
 @pytest.mark.parametrize("guidance", [None, 1.0])
-@pytest.mark.parametrize("method,knobs", [("eagle", {}), ("eagle", {"shape": "chain-3"}), ("lantern++", {"lam": 1.0}),
+@pytest.mark.parametrize("method,knobs", [("eagle", {}), ("eagle", {"shape": "chain-8"}), ("lantern++", {"lam": 1.0}),
                                           ("lantern", {"delta": 0.0, "shape": "k-ary-2x2"})])
 def test_greedy_head_methods_equal_greedy_decoding(grid4, method, knobs, guidance):
     model, vq, head = grid4
@@ -43,6 +43,29 @@ def test_greedy_head_methods_equal_greedy_decoding(grid4, method, knobs, guidanc
                               **knobs)
     assert tree.tokens == plain.tokens
     assert tree.stats["steps"] <= plain.stats["steps"]
+
+
+def test_head_levels_run_as_compiled_float32_steps(grid4, monkeypatch):
+    """Where the compiled decode step builds, every head level of a chain is one compiled call, whatever dtype the
+    target is served in (a bfloat16 head would take torch's per-op path, several times slower a level)."""
+    from specgen.kernels import decode_step
+
+    if not decode_step.available():
+        pytest.skip("the compiled decode step does not build here")
+    from specgen.modalities.image.eagle_head import drafter
+
+    # a CPU where bfloat16 linears are batch-invariant and faster (an AMD EPYC here), whatever this one does
+    monkeypatch.setattr(drafter, "fast_matmul_dtype", lambda model, rows=32: torch.bfloat16)
+    model, vq, head = grid4
+    generator = ImageGenerator(model, vq, head=head)
+    calls = []
+    original = decode_step.decode
+    monkeypatch.setattr(decode_step, "decode",
+                        lambda runner, *a, **k: calls.append(runner) or original(runner, *a, **k))
+    result = generator.generate("red K", method="eagle", shape="chain-3", seed=1)
+    # only drafts opt in to the compiled step: every call is the head's
+    assert calls and all(runner is calls[0] and runner.matmul_dtype is None for runner in calls)
+    assert len(calls) >= 2 * result.stats["steps"]  # a catch-up forward and two chain levels a step, less the ends
 
 
 def test_lambda_one_gives_eagles_samples_and_relaxing_accepts_more(grid4):

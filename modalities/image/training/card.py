@@ -34,7 +34,7 @@ def card_figures(folder: Path, per_source: int = 64, sample_prompts: tuple[str, 
     samples.png from plain guided ancestral sampling."""
     import numpy as np
     import torch
-    from specgen.modalities.image.models import load_image_lm, load_image_vocab, sample_codes, vq_of
+    from specgen.modalities.image.models import default_guidance, load_image_lm, load_image_vocab, sample_codes, vq_of
     from specgen.modalities.image.training.images import SOURCES, source_items
     from specgen.modalities.image.vq import decode, encode, load_vq, psnr
 
@@ -55,11 +55,14 @@ def card_figures(folder: Path, per_source: int = 64, sample_prompts: tuple[str, 
     if (folder / "target" / "model.safetensors").exists():
         from specgen.modalities.image.conditions import EXAMPLE_PROMPTS
 
+        from specgen.modalities.image.generator import DEFAULT_TOP_K
+
         prompts = list(sample_prompts or EXAMPLE_PROMPTS)
         model, vocab = load_image_lm(folder / "target"), load_image_vocab(folder / "target")
         g = torch.Generator().manual_seed(seed)
-        images = [decode(vq, sample_codes(model, vocab, prompts, temperature=1.0, top_k=100, guidance=3.0,
-                                          generator=g)) for _ in range(4)]
+        guidance = default_guidance(folder / "target")  # the generator's defaults: what a user sees first
+        images = [decode(vq, sample_codes(model, vocab, prompts, temperature=1.0, top_k=DEFAULT_TOP_K,
+                                          guidance=guidance, generator=g)) for _ in range(4)]
         _grid_png([np.stack([im[k] for im in images]) for k in range(len(prompts))], folder / "samples.png")
         report["sample_prompts"] = prompts
     return report

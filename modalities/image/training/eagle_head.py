@@ -50,7 +50,7 @@ class HeadTask:
     def __init__(self, cfg: HeadConfig):
         from specgen.modalities.image.training.head_samples import make_chunks
         from specgen.modalities.image.eagle_head.head import EagleHead
-        from specgen.modalities.image.models import default_paths, load_image_lm, load_image_vocab
+        from specgen.modalities.image.models import default_guidance, default_paths, load_image_lm, load_image_vocab
 
         self.cfg = cfg
         path = Path(cfg.target or default_paths()["target"])
@@ -60,7 +60,8 @@ class HeadTask:
         torch.manual_seed(cfg.seed)
         self.head = EagleHead.for_target(self.target, intermediate_size=cfg.intermediate_size)
         blobs = [torch.load(p) for p in make_chunks(self.target, self.vocab, Path(cfg.run_dir) / "samples",
-                                                        cfg.chunks, cfg.seed, size=cfg.chunk_size)]
+                                                        cfg.chunks, cfg.seed, size=cfg.chunk_size,
+                                                        guidance=default_guidance(path))]
         self.ids = torch.cat([b["ids"] for b in blobs[:-1]]).long()  # [N, T]
         self.features = torch.cat([b["features"] for b in blobs[:-1]])  # [N, T, d] fp16
         self.eval_ids, self.eval_features = blobs[-1]["ids"].long(), blobs[-1]["features"]

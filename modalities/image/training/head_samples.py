@@ -1,4 +1,4 @@
-"""Self-distillation data for the head: the target's own samples (guided, as it decodes by default) and its
+"""Self-distillation data for the head: the target's own samples (at the guidance it decodes with by default) and its
 features over them, for the conditioned row and the unconditioned twin alike (guided decoding drafts both).
 
 Chunks are written atomically under RUN/samples/, so an interrupted run resumes at the next missing chunk; a chunk
