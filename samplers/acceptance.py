@@ -139,9 +139,50 @@ class TreeRejection:
     def walk(self, tree: DraftTree, target_probs: torch.Tensor, accept_uniform: torch.Tensor,
              emit_uniform: torch.Tensor):
         """(path, tokens, num_accepted, rejected) of one verification walk (`kernels.tree_rejection_sample`)."""
+        if tree.num_nodes > 1 and tree.is_chain:
+            return self._walk_chain(tree, target_probs, accept_uniform, emit_uniform)
         draft_probs = None if self.siblings == "deterministic" else tree.draft_probs
         return kernels.tree_rejection_sample(tree.tokens, tree.verified_parents, draft_probs, target_probs,
                                              accept_uniform, emit_uniform, self.siblings == "without_replacement")
+
+    def chain_accept(self, laws: torch.Tensor, drafts: torch.Tensor | None, tokens: torch.Tensor) -> torch.Tensor:
+        """[n] acceptance probabilities of `tokens` [n] under `laws` [n, vocab], drawn from `drafts` [n, vocab]
+        (None: point masses): `sibling_step`'s test without its residual."""
+        at_token = laws.gather(-1, tokens[:, None]).squeeze(-1)
+        drafted = torch.ones_like(at_token) if drafts is None else drafts.gather(-1, tokens[:, None]).squeeze(-1)
+        return kernels.accept_probability(at_token, drafted)
+
+    def _chain_laws(self, tree: DraftTree, target_probs: torch.Tensor):
+        """(laws [batch * depth, vocab] node n's child is tested under, their draft laws or None, the children
+        [batch, depth]), row-major: node n of row b at b * depth + n."""
+        batch, depth = tree.batch_size, tree.num_nodes - 1
+        sampled = self.siblings != "deterministic" and tree.draft_probs is not None
+        flat = lambda x: x[:, :depth].double().reshape(batch * depth, x.shape[-1])  # noqa: E731
+        return flat(target_probs), flat(tree.draft_probs) if sampled else None, tree.tokens[:, 1:]
+
+    def _walk_chain(self, tree: DraftTree, target_probs, accept_uniform, emit_uniform):
+        """`walk` for a chain (node n's one child is n + 1): every node's test at once, the first failure per row,
+        then one emission per row. The same tests, residual and uniforms as the node-by-node walk, no host loop
+        (a chain is what drafting heads propose by default, and the generic walk costs ~0.6 ms a step here)."""
+        laws, drafts, children = self._chain_laws(tree, target_probs)
+        batch, depth = children.shape
+        rows = torch.arange(batch, device=children.device)
+        accept = self.chain_accept(laws, drafts, children.reshape(-1)).reshape(batch, depth)
+        # nodes past a row's depth limit are cut off: never tested, and the last kept node emits a bonus token
+        tested = torch.arange(depth, device=children.device) < (tree.verified_parents[:, 1:] >= 0).sum(-1, keepdim=True)
+        num_accepted = ((accept_uniform[:, 1:] < accept) & tested).long().cumprod(-1).sum(-1)  # [batch]
+        rejected = num_accepted < tested.sum(-1)
+        at = rows * depth + num_accepted.clamp(max=depth - 1)  # the node whose child failed, when one did
+        _, residual, _ = self.sibling_step(laws[at], None if drafts is None else drafts[at], children.reshape(-1)[at])
+        law = torch.where(rejected[:, None], residual, target_probs[rows, num_accepted].double())
+        emitted = kernels.sample_categorical(law, emit_uniform[rows, num_accepted])
+        width = int(num_accepted.max()) + 1
+        slots = torch.arange(width, device=children.device)
+        path = torch.where(slots <= num_accepted[:, None], slots, -1)
+        padded = torch.cat([children, children.new_full((batch, 1), PLACEHOLDER)], 1)[:, :width]
+        tokens = torch.where(slots < num_accepted[:, None], padded, PLACEHOLDER).scatter(1, num_accepted[:, None],
+                                                                                        emitted[:, None])
+        return path, tokens, num_accepted, rejected
 
     def sibling_step(self, residual: torch.Tensor, draft: torch.Tensor | None, token: torch.Tensor):
         """One child's test at its parent: (accept prob, residual if rejected, draft law if rejected)."""

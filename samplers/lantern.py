@@ -147,7 +147,7 @@ class RelaxedTreeRejection(TreeRejection):
     def walk(self, tree: DraftTree, target_probs, accept_uniform, emit_uniform):
         """The verification walk row by row (trees here are small; this also counts relaxed acceptances)."""
         if tree.num_nodes > 1 and tree.is_chain:
-            return self._walk_chain(tree, target_probs, accept_uniform, emit_uniform)
+            return self._walk_chain(tree, target_probs, accept_uniform, emit_uniform)  # batched, in the base
         kids = kernels.tree_children(tree.verified_parents).tolist()
         sampled = self.siblings != "deterministic" and tree.draft_probs is not None
         paths, outputs, rejected = [], [], []
@@ -179,37 +179,18 @@ class RelaxedTreeRejection(TreeRejection):
             rejected.append(tested)
         return _packed(paths, outputs, rejected)
 
+    def chain_accept(self, laws, drafts, tokens):
+        return self.accept_probs(laws, drafts, tokens)[0]
+
     def _walk_chain(self, tree: DraftTree, target_probs, accept_uniform, emit_uniform):
-        """`walk` for a chain (node n's one child is n + 1): every node's acceptance probability in one batched
-        call, then per row the first rejection. The same tests with the same uniforms as the walk."""
-        batch, depth = tree.batch_size, tree.num_nodes - 1
-        laws = target_probs[:, :depth].double()  # [batch, depth, vocab]: the law node n's child is tested under
-        sampled = self.siblings != "deterministic" and tree.draft_probs is not None
-        drafts = tree.draft_probs[:, :depth].double() if sampled else None
-        children = tree.tokens[:, 1:]  # [batch, depth]
-        flat = lambda x: None if x is None else x.reshape(batch * depth, x.shape[-1])  # noqa: E731
-        accept, exact = (p.reshape(batch, depth) for p in self.accept_probs(flat(laws), flat(drafts), children.reshape(-1)))
-        passed = (accept_uniform[:, 1:] < accept).tolist()
-        relaxed = (accept_uniform[:, 1:] >= exact).tolist()
-        tested_depth = (tree.verified_parents[:, 1:] >= 0).sum(-1).tolist()  # nodes past a depth limit are cut off
-        paths, outputs, rejected = [], [], []
-        for row in range(batch):
-            accepted = 0
-            while accepted < tested_depth[row] and passed[row][accepted]:
-                accepted += 1
-            self.accepts += accepted
-            self.relaxed_accepts += sum(relaxed[row][:accepted])
-            node = accepted  # the last accepted node (0: the root)
-            if accepted < tested_depth[row]:  # its child was rejected: emit from the residual
-                draft = drafts[row, node][None] if sampled else None
-                _, residual, _ = self.sibling_step(laws[row, node][None], draft, children[row, node:node + 1])
-            else:  # no child left to test: a bonus token from the target
-                residual = target_probs[row, node].double()[None]
-            emitted = int(kernels.sample_categorical(residual, emit_uniform[row, node:node + 1])[0])
-            paths.append(list(range(accepted + 1)))
-            outputs.append(children[row, :accepted].tolist() + [emitted])
-            rejected.append(accepted < tested_depth[row])
-        return _packed(paths, outputs, rejected)
+        """The base's batched chain walk under the relaxed test, counting the accepted codes that needed it."""
+        walked = super()._walk_chain(tree, target_probs, accept_uniform, emit_uniform)
+        laws, drafts, children = self._chain_laws(tree, target_probs)
+        exact = TreeRejection.chain_accept(self, laws, drafts, children.reshape(-1)).reshape(children.shape)
+        accepted = torch.arange(children.shape[1]) < walked[2][:, None]
+        self.accepts += int(accepted.sum())
+        self.relaxed_accepts += int((accepted & (accept_uniform[:, 1:] >= exact)).sum())
+        return walked
 
     @property
     def relaxed_share(self) -> float:

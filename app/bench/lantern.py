@@ -43,7 +43,8 @@ SAMPLES_PER_PROMPT = 20
 GRID_COLUMNS = 8  # samples shown per setting in the report's grid
 
 
-def method_settings(methods, lambdas, deltas) -> list[tuple[str, dict]]:
+def method_settings(methods, lambdas, deltas, shapes=()) -> list[tuple[str, dict]]:
+    """(method, knobs) per setting; with several `shapes` every setting runs at each (a `shape` knob)."""
     out = []
     if "eagle" in methods:
         out.append(("eagle", {}))
@@ -51,6 +52,8 @@ def method_settings(methods, lambdas, deltas) -> list[tuple[str, dict]]:
         out += [("lantern", {"delta": d}) for d in deltas]
     if "lantern++" in methods:
         out += [("lantern++", {"lam": lam}) for lam in lambdas]
+    if len(shapes) > 1:
+        out = [(method, {**knobs, "shape": shape}) for shape in shapes for method, knobs in out]
     return out
 
 
@@ -72,9 +75,12 @@ def run_speed(generator, prompts, chosen, repeats: int, shape: str | None, progr
         prompt, repeat = round_.prompt, round_.repeat
         if repeat == 0:
             ar_greedy = generator.generate(prompt.prompt, method="ar", temperature=0.0, seed=0)
-            if any(m == "eagle" for m, _ in chosen):
-                eagle_greedy = generator.generate(prompt.prompt, method="eagle", temperature=0.0, seed=0, **extra)
-                exact.append({"prompt": prompt.id, "identical_to_ar": eagle_greedy.tokens == ar_greedy.tokens})
+            for method, knobs in chosen:
+                if method == "eagle":
+                    greedy = generator.generate(prompt.prompt, method="eagle", temperature=0.0, seed=0,
+                                                **knobs, **extra)
+                    exact.append({"prompt": prompt.id, "setting": label(method, knobs),
+                                  "identical_to_ar": greedy.tokens == ar_greedy.tokens})
         for method, knobs in round_.order:
             result = generator.generate(prompt.prompt, method=method, seed=repeat,
                                         **({} if method == "ar" else {**knobs, **extra}))
@@ -275,7 +281,7 @@ def render_markdown(result: dict, plot_name: str | None) -> str:
     env, speed = result["env"], result["speed"]
     lines = ["# specgen bench image: EAGLE head, LANTERN, LANTERN++", "",
              run_line(env), "",
-             f"Command: `{env.get('command', '')}` · tree `{env['shape']}` · neighbours k = {env['neighbours']} · "
+             f"Command: `{env.get('command', '')}` · trees: {env['shape']} · neighbours k = {env['neighbours']} · "
              f"{len(result['prompts'])} prompts × {env['repeats']} repeat(s); temperature 1, top-k 50, "
              f"guidance {env.get('guidance', 3.0):g}.",
              "", "| setting | steps | τ | relaxed share | speedup vs ar [95 % CI] |", "|---|---|---|---|---|"]
@@ -344,9 +350,12 @@ def bench_lantern(args, methods) -> dict:
 
         raise InvalidRequest(f"{generator.model_path} is a video model; use `specgen bench video`")
     prompts = load_prompts(args.prompts or benchmarks_dir() / "prompts" / "image.jsonl", classes=True)
-    chosen = method_settings(methods, args.lambdas or LAMBDAS, args.deltas or DELTAS)
-    shape = getattr(args, "shape", None)
     defaults = get_method("image", "lantern++").resolve_knobs({})
+    shapes = getattr(args, "shape", None) or []  # none: each method's own default tree
+    chosen = method_settings(methods, args.lambdas or LAMBDAS, args.deltas or DELTAS, shapes)
+    shape = shapes[0] if len(shapes) == 1 else None  # several: a knob of each setting instead
+    own = {m: get_method("image", m).resolve_knobs({})["shape"] for m in HEAD_METHODS}
+    trees = ",".join(shapes) or ", ".join(f"{m} {own[m]}" for m in methods)
     generator.generate(prompts[0].prompt, method="eagle")  # warm-up
     quality_n = getattr(args, "quality_samples", None) or 0
     quality_methods = getattr(args, "quality_methods", None) or HEAD_METHODS
@@ -357,11 +366,11 @@ def bench_lantern(args, methods) -> dict:
     with progress_bar(total, "bench image (head)") as progress:
         speed = run_speed(generator, prompts, chosen, args.repeats, shape, progress,
                           judged=getattr(args, "quality", False))
-        cache = cache_dir() / "bench-lantern" / cache_key(generator, shape or defaults["shape"])
+        cache = cache_dir() / "bench-lantern" / cache_key(generator, ",".join(shapes) or str(own))
         quality = (run_quality(generator, measured, quality_n, cache, progress, {"shape": shape} if shape else {})
                    if quality_n else None)
     result = {"speed": speed, "quality": quality, "prompts": [p.id for p in prompts],
-              "env": run_env(start, repeats=args.repeats, shape=shape or defaults["shape"],
+              "env": run_env(start, repeats=args.repeats, shape=trees,
                              neighbours=defaults["neighbours"], head=str(generator.head_path),
                              guidance=generator.default_guidance,
                              command=command_line(args))}

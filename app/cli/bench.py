@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from specgen.app.cli.options import (existing_file, finite_float, float_list, int_at_least, int_list, method_list,
-                                     method_name)
+                                     method_name, shape_list)
 from specgen.samplers import registry
 from specgen.settings import use_threads
 
@@ -99,7 +99,8 @@ def _record_options(p: argparse.ArgumentParser) -> None:
 
 def _head_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head", metavar="DIR", help="draft head of eagle/lantern/lantern++ (default: shipped)")
-    p.add_argument("--shape", metavar="NAME", help="their static tree (default: the methods')")
+    p.add_argument("--shape", type=shape_list, metavar="NAME[,NAME...]",
+                   help="their static tree (default: the methods'); several: every setting at each (a sweep)")
     p.add_argument("--lambdas", type=float_list(1.0, 1000.0), metavar="L,L,...",
                    help="lantern++ lambdas to sweep (default: 1.5,2,3,5,10)")
     p.add_argument("--deltas", type=float_list(0.0, 1.0), metavar="D,D,...",

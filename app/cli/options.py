@@ -115,6 +115,19 @@ def float_list(low: float, high: float, single: bool = False):
     return parse
 
 
+def shape_list(text: str) -> list[str]:
+    """`--shape chain-2,chain-3`: distinct static tree names (`samplers.trees.named_shape`), in the order given."""
+    from specgen.samplers.trees import named_shape
+
+    names = list(dict.fromkeys(name.strip() for name in text.split(",")))
+    for name in names:
+        try:
+            named_shape(name)
+        except InvalidRequest as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return names
+
+
 # ---- methods and their knobs -------------------------------------------------------------------------------------
 
 def method_name(modality: str):

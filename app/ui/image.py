@@ -6,6 +6,7 @@ the measured τ predicts). A finished video is shown as a looping GIF."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from specgen.app import request_options
 from specgen.app.ui.models import LazyGenerator, warm_default_paths
@@ -47,10 +48,9 @@ class ImageModels(LazyGenerator):
         return self._model or default_paths()["video" if self.modality == "video" else "target"]
 
     def describe(self) -> str:
-        if self._generator is not None:
-            path = self._generator.model_path
-        else:
-            path = self._model or f"assets/image/{'video' if self.modality == 'video' else 'target'}"
+        path = Path(self.model_path())
+        if path.parent.name == "image" and path.parent.parent.name == "assets":  # a shipped model: the short name
+            path = Path("assets/image", path.name)
         return f"**{self.modality.capitalize()} model** ({self.state()}): `{path}`"
 
 

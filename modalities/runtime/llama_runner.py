@@ -228,13 +228,15 @@ def fast_matmul_dtype(model, rows: int = 32) -> torch.dtype | None:
 
 def bf16_batch_invariant(shapes, rows: int = 32) -> bool:
     """Whether bfloat16 `F.linear` over weights of these (out, in) shapes gives every row the same bits alone,
-    in small batches and in a window of `rows` rows, at any offset."""
+    in small batches, in a window of `rows` rows at any offset and among 16 x `rows` rows (many samples' windows
+    in one forward: kernels may change blocking with the row count)."""
     generator = torch.Generator().manual_seed(0)
     for out_features, in_features in shapes:
         weight = torch.randn(out_features, in_features, generator=generator).bfloat16()
-        x = torch.randn(2 * rows + 3, in_features, generator=generator).bfloat16()
+        x = torch.randn(16 * rows + 3, in_features, generator=generator).bfloat16()
         full = F.linear(x, weight)
-        for start, count in ((0, 1), (0, 2), (1, 3), (0, 5), (3, 8), (0, 16), (2, 17), (0, rows), (5, rows + 1)):
+        for start, count in ((0, 1), (0, 2), (1, 3), (0, 5), (3, 8), (0, 16), (2, 17), (0, rows), (5, rows + 1),
+                             (0, 16 * rows)):
             if not torch.equal(F.linear(x[start:start + count], weight), full[start:start + count]):
                 return False
     return True

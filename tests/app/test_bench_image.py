@@ -1,6 +1,7 @@
 """`specgen bench image` on a tiny random model: every method and window is measured, greedy exactness is
 checked, and the report, plot and sample sheet are written."""
 
+import argparse
 import json
 
 import pytest
@@ -60,15 +61,13 @@ def test_bad_prompt_files_are_rejected(tmp_path):
 def test_bench_lantern_reports_speed_quality_and_a_frontier(tmp_path, monkeypatch):
     """The head's methods on the shipped models: one prompt, one lambda, a given tree, 20 quality samples per
     set."""
-    import argparse
-
     from specgen.app.bench.lantern import bench_lantern
 
     monkeypatch.setenv("SPECGEN_HOME", str(tmp_path / "home"))
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "k", "prompt": "red K on blue", "category": "glyph"}) + "\n")
     args = argparse.Namespace(model=None, head=None, threads=1, prompts=prompts, lambdas=[5.0], deltas=[0.2],
-                              shape="chain-3", quality_samples=20, quality_methods=["lantern++"], repeats=1,
+                              shape=["chain-3"], quality_samples=20, quality_methods=["lantern++"], repeats=1,
                               out_dir=tmp_path / "out", argv=["bench"], quality=True)
     result = bench_lantern(args, ["lantern", "lantern++"])  # speed for both, quality for lantern++ only
     rows = {row["setting"]: row for row in result["speed"]["table"]}
@@ -87,6 +86,20 @@ def test_bench_lantern_reports_speed_quality_and_a_frontier(tmp_path, monkeypatc
     assert (tmp_path / "out" / "image-lantern-latest-samples.png").exists() and "samples" in report
     cached = list((tmp_path / "home" / "bench-lantern").rglob("*.npy"))
     assert len(cached) == 3  # two AR sets and one setting, one prompt each: a rerun resumes from these
+
+
+def test_a_shape_sweep_runs_every_setting_at_every_shape():
+    """`--shape chain-2,chain-4`: each setting once per shape, named by it (so rows and quality sets stay apart);
+    one shape names none (the record's caption gives it); a bad name is a usage error before any work."""
+    from specgen.app.bench.lantern import label, method_settings
+    from specgen.app.cli.options import shape_list
+
+    swept = method_settings(["eagle", "lantern++"], [5.0], [0.1], shape_list("chain-2,chain-4,chain-2"))
+    assert [label(m, k) for m, k in swept] == ["eagle (shape chain-2)", "lantern++ (λ 5, shape chain-2)",
+                                               "eagle (shape chain-4)", "lantern++ (λ 5, shape chain-4)"]
+    assert method_settings(["eagle"], [5.0], [0.1], ["chain-3"]) == [("eagle", {})]
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown tree shape 'bushy'"):
+        shape_list("chain-2,bushy")
 
 
 def test_the_head_bench_judges_every_image_against_ar():

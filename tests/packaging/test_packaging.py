@@ -214,8 +214,9 @@ def test_assets_manifest_lists_every_shipped_file_with_its_hash():
     # 60 MB, the speech corpus' durations, the code target's Kangaroo adapters (2 x 1.2 MB, assets/code/kangaroo),
     # its EAGLE head (2.2 MB, assets/code/eagle), PosS specialists (4.9 MB, assets/code/poss), FastMTP module
     # (2.2 MB, assets/code/mtp), early-exit heads and controllers (1.8 MB, assets/code/early_exit), PPD's prompt
-    # tokens (3 KB, assets/code/ppd), the Falcon head (2.2 MB, assets/code/falcon) and the image target's own
-    # tokenizer (1.3 MB, assets/image/target/vq), within the 100 MB cap of shipped checkpoints
-    assert sum(e["bytes"] for e in entries.values()) - gemma <= 77_500_000
+    # tokens (3 KB, assets/code/ppd), the Falcon head (2.2 MB, assets/code/falcon), the image target's own
+    # tokenizer (1.3 MB, assets/image/target/vq) and its wider draft head (1.8 MB, assets/image/head), within the
+    # 100 MB cap of shipped checkpoints
+    assert sum(e["bytes"] for e in entries.values()) - gemma <= 78_500_000
     # the draft (11.8 MB), the EAGLE head (7.6 MB), PosS specialists (12 MB) and the FastMTP module (7.8 MB); cap 60 MB
     assert gemma <= 40_000_000

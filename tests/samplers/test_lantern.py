@@ -179,10 +179,12 @@ def test_the_walk_samples_the_enumerated_relaxed_law(siblings, budget):
 
 
 @pytest.mark.parametrize("lam,siblings", [(1.0, "without_replacement"), (5.0, "without_replacement"),
-                                          (3.0, "deterministic")])
+                                          (3.0, "deterministic"), (None, "without_replacement"),
+                                          (None, "deterministic"), (None, "with_replacement")])
 def test_batched_chain_walk_equals_the_node_by_node_walk(lam, siblings):
     """A chain is walked with every node's acceptance probability in one call; the same uniforms must give the
-    same path, tokens and relaxed counts as the generic walk, with and without per-row depth limits."""
+    same path, tokens and relaxed counts as the generic walk, with and without per-row depth limits. lam None:
+    the exact rule, whose generic walk is `kernels.tree_rejection_sample`."""
     generator = torch.Generator().manual_seed(0)
     vocab, batch, depth = 40, 3, 6
     neighbours = latent_neighbours(torch.randn(vocab, 4, generator=generator), 5)
@@ -199,8 +201,12 @@ def test_batched_chain_walk_equals_the_node_by_node_walk(lam, siblings):
         for batched in (True, False):
             tree = DraftTree(tokens, torch.arange(-1, depth).repeat(batch, 1), probs, limit)
             tree.__dict__["is_chain"] = batched  # False: the node-by-node walk over the same chain
-            rule = RelaxedTreeRejection(Relaxation(neighbours, 5, lam=lam), siblings)
-            results.append((rule.walk(tree, target, accept, emit), rule.accepts, rule.relaxed_accepts))
+            if lam is None:
+                rule = TreeRejection(siblings)
+                results.append((rule.walk(tree, target, accept, emit), 0, 0))
+            else:
+                rule = RelaxedTreeRejection(Relaxation(neighbours, 5, lam=lam), siblings)
+                results.append((rule.walk(tree, target, accept, emit), rule.accepts, rule.relaxed_accepts))
         (fast, fast_accepts, fast_relaxed), (slow, slow_accepts, slow_relaxed) = results
         assert all(torch.equal(a, b) for a, b in zip(fast, slow)), trial
         assert (fast_accepts, fast_relaxed) == (slow_accepts, slow_relaxed)

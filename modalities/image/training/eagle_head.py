@@ -32,14 +32,14 @@ class HeadConfig(RunSettings):
     target: str | None = None
     chunks: int = 32  # of chunk_size target samples; the last is held out
     chunk_size: int = 64
-    steps: int = 1000
+    steps: int = 3000
     batch_size: int = 16  # sequences per step (their unconditioned twins come along)
     lr: float = 2e-3
     warmup: int = 50
     feature_weight: float = 1.0
     law_weight: float = 0.1
     noise: float = 0.1
-    intermediate_size: int = 192
+    intermediate_size: int = 768  # 192 underfit the bold-glyph target (held-out acceptance 0.67 vs 0.73 at 768)
     checkpoint_minutes: float = 5.0
     eval_every: int = 200
 
