@@ -171,6 +171,7 @@ class TreeRejection:
         # nodes past a row's depth limit are cut off: never tested, and the last kept node emits a bonus token
         tested = torch.arange(depth, device=children.device) < (tree.verified_parents[:, 1:] >= 0).sum(-1, keepdim=True)
         num_accepted = ((accept_uniform[:, 1:] < accept) & tested).long().cumprod(-1).sum(-1)  # [batch]
+        self._chain_walked(laws, drafts, children, accept_uniform, num_accepted)
         rejected = num_accepted < tested.sum(-1)
         at = rows * depth + num_accepted.clamp(max=depth - 1)  # the node whose child failed, when one did
         _, residual, _ = self.sibling_step(laws[at], None if drafts is None else drafts[at], children.reshape(-1)[at])
@@ -183,6 +184,10 @@ class TreeRejection:
         tokens = torch.where(slots < num_accepted[:, None], padded, PLACEHOLDER).scatter(1, num_accepted[:, None],
                                                                                         emitted[:, None])
         return path, tokens, num_accepted, rejected
+
+    def _chain_walked(self, laws, drafts, children, accept_uniform, num_accepted) -> None:
+        """Called by `_walk_chain` with its flattened laws once every row's accepted count is known (a subclass
+        counts what its test accepted)."""
 
     def sibling_step(self, residual: torch.Tensor, draft: torch.Tensor | None, token: torch.Tensor):
         """One child's test at its parent: (accept prob, residual if rejected, draft law if rejected)."""

@@ -182,15 +182,12 @@ class RelaxedTreeRejection(TreeRejection):
     def chain_accept(self, laws, drafts, tokens):
         return self.accept_probs(laws, drafts, tokens)[0]
 
-    def _walk_chain(self, tree: DraftTree, target_probs, accept_uniform, emit_uniform):
-        """The base's batched chain walk under the relaxed test, counting the accepted codes that needed it."""
-        walked = super()._walk_chain(tree, target_probs, accept_uniform, emit_uniform)
-        laws, drafts, children = self._chain_laws(tree, target_probs)
+    def _chain_walked(self, laws, drafts, children, accept_uniform, num_accepted) -> None:
+        """Count the accepted codes of a batched chain walk and those the exact test would have rejected."""
         exact = TreeRejection.chain_accept(self, laws, drafts, children.reshape(-1)).reshape(children.shape)
-        accepted = torch.arange(children.shape[1]) < walked[2][:, None]
+        accepted = torch.arange(children.shape[1]) < num_accepted[:, None]
         self.accepts += int(accepted.sum())
         self.relaxed_accepts += int((accepted & (accept_uniform[:, 1:] >= exact)).sum())
-        return walked
 
     @property
     def relaxed_share(self) -> float:

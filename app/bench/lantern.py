@@ -350,11 +350,11 @@ def bench_lantern(args, methods) -> dict:
 
         raise InvalidRequest(f"{generator.model_path} is a video model; use `specgen bench video`")
     prompts = load_prompts(args.prompts or benchmarks_dir() / "prompts" / "image.jsonl", classes=True)
-    defaults = get_method("image", "lantern++").resolve_knobs({})
+    defaults = {m: get_method("image", m).resolve_knobs({}) for m in HEAD_METHODS}
     shapes = getattr(args, "shape", None) or []  # none: each method's own default tree
     chosen = method_settings(methods, args.lambdas or LAMBDAS, args.deltas or DELTAS, shapes)
     shape = shapes[0] if len(shapes) == 1 else None  # several: a knob of each setting instead
-    own = {m: get_method("image", m).resolve_knobs({})["shape"] for m in HEAD_METHODS}
+    own = {m: knobs["shape"] for m, knobs in defaults.items()}
     trees = ",".join(shapes) or ", ".join(f"{m} {own[m]}" for m in methods)
     generator.generate(prompts[0].prompt, method="eagle")  # warm-up
     quality_n = getattr(args, "quality_samples", None) or 0
@@ -371,7 +371,7 @@ def bench_lantern(args, methods) -> dict:
                    if quality_n else None)
     result = {"speed": speed, "quality": quality, "prompts": [p.id for p in prompts],
               "env": run_env(start, repeats=args.repeats, shape=trees,
-                             neighbours=defaults["neighbours"], head=str(generator.head_path),
+                             neighbours=defaults["lantern++"]["neighbours"], head=str(generator.head_path),
                              guidance=generator.default_guidance,
                              command=command_line(args))}
     figures = {"png": lambda path: plot_frontier(path, result)}

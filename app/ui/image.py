@@ -48,8 +48,10 @@ class ImageModels(LazyGenerator):
         return self._model or default_paths()["video" if self.modality == "video" else "target"]
 
     def describe(self) -> str:
+        from specgen.modalities.image.models import assets_dir
+
         path = Path(self.model_path())
-        if path.parent.name == "image" and path.parent.parent.name == "assets":  # a shipped model: the short name
+        if path.parent == assets_dir():  # a shipped model: its short name
             path = Path("assets/image", path.name)
         return f"**{self.modality.capitalize()} model** ({self.state()}): `{path}`"
 
