@@ -155,7 +155,9 @@ def build_auto_pipeline(generator, spec, prompts: Sequence[torch.Tensor], *, max
         if not record or name not in record["draft_s"]:
             built[name] = _built(factories[name])
     plans = [f.plan for name, f in factories.items() if built.get(name, True) is not None]
-    costs, priors = calibrated(generator, target, processing, prompts[0], factories, plans, key, record, quiet=quiet)
+    rows = len(prompts) if paths is None else paths  # the batch's rows at the start
+    costs, priors = calibrated(generator, target, processing, prompts[0], factories, plans, key, record, quiet=quiet,
+                               rows=rows)
     offered = plans
     if not knobs.get("candidates"):  # named candidates are offered as named
         offered = raced(plans, priors)
@@ -170,7 +172,7 @@ def build_auto_pipeline(generator, spec, prompts: Sequence[torch.Tensor], *, max
             candidate.prior_alpha_at = tuple(prior["alpha_at"]) if prior.get("alpha_at") else None
             candidate.prior_tau = prior["tau"]
     drafter = AutoDrafter(candidates, costs, margin=knobs["margin"], clock=time.perf_counter)
-    drafter.prime(prompts)
+    drafter.prime(prompts, rows)
     policy = AutoPolicy(drafter)
     rule = AutoRule(drafter, make_rule("chain", processing))
     stats.reports.append(drafter.run_summary)
@@ -214,11 +216,13 @@ def usable_record(key: dict) -> dict | None:
 
 
 def calibrated(generator, target, processing: Processing, prompt: torch.Tensor, factories: dict, candidates,
-               key: dict, record: dict | None, quiet: bool = False):
-    """(Costs, priors by candidate) from the cached `record` (`usable_record(key)`), measuring what it lacks."""
+               key: dict, record: dict | None, quiet: bool = False, rows: int = 1):
+    """(Costs, priors by candidate) from the cached `record` (`usable_record(key)`), measuring what it lacks: for a
+    batch of `rows` rows also the windows as wide as the batch's steps (`batch_windows`)."""
     windows = set(calibration.WINDOWS)
     for candidate in candidates:
         windows.add(candidate.nodes + 1 if candidate.is_tree else max(candidate.lengths) + 1)
+    windows |= calibration.batch_windows(rows, max(windows))
     missing = [n for n in windows if not record or str(n) not in record["verify_s"]]
     missing_candidates = [c.name for c in candidates if not record or c.name not in record["draft_s"]]
     if missing or missing_candidates:

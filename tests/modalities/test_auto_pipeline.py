@@ -158,6 +158,24 @@ def test_in_loop_costs_from_calibration_runs():
     assert calibration._per_slot_s(costs, [(1, 1.5, 1), (5, 4.0, 2)]) == 0.0  # never negative
 
 
+def test_a_batch_has_its_wide_windows_calibrated(pair):
+    """A batch of R rows times windows of R, 2R, 3R, 5R, 9R and 17R slots (as far as a row's widest window and
+    136 slots reach); one row adds none. `serve` at 4 rows adds them to the model's record and decodes as plainly
+    as plain decoding."""
+    assert calibration.batch_windows(1, 17) == set()
+    assert calibration.batch_windows(8, 17) == {8, 16, 24, 40, 72, 136}
+    assert calibration.batch_windows(8, 5) == {8, 16, 24, 40}
+    assert calibration.batch_windows(32, 17) == {32, 64, 96}
+    generator = TextGenerator(*pair)
+    prompts = ["abc", "(x", "def f", "ab ab ab"]
+    served = dict(generator.serve(prompts, rows=4, method="auto", max_new_tokens=12))
+    plain = dict(generator.serve(prompts, rows=4, method="ar", max_new_tokens=12))
+    assert [served[i].tokens for i in range(4)] == [plain[i].tokens for i in range(4)]
+    key = calibration.machine_key("text", [generator.model_path, generator.draft_path, None])
+    record = json.loads(calibration.cache_path(key).read_text())
+    assert {"4", "8", "12", "20", "36", "68"} <= set(record["verify_s"])
+
+
 def test_auto_candidates_knob(pair):
     generator = TextGenerator(*pair)
     result = generator.generate("def f(a):\n", max_new_tokens=12, candidates="ngram")

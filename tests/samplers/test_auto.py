@@ -17,7 +17,7 @@ from specgen.samplers.oracle import (chain_proposals, max_abs_diff, outcomes, ta
 from specgen.samplers.processing import Processing
 from specgen.samplers.trees import GreedyTreeMatch
 from specgen.samplers.toy import TableDrafter, TableLM, TableTarget, TableTreeDrafter
-from specgen.samplers.types import Draft
+from specgen.samplers.types import DecodeContext, Draft
 
 VOCAB, HORIZON = 4, 3
 TARGET = TableLM(VOCAB, order=1, seed=31)
@@ -121,6 +121,29 @@ def test_cheap_verification_picks_the_length_of_the_formula():
     exploring = AutoDrafter([cand], costs, prior_weight=1e9)
     exploring.prime([torch.tensor(PROMPT)])
     assert exploring.choice[1] > auto.choice[1]
+
+
+def test_a_full_batch_prices_every_rows_window_and_keeps_to_plain_decoding():
+    """A forward costs what its slots cost however they split into rows: bandwidth-bound up to 4 slots, then each
+    slot its own compute. One row drafts (4 slots cost about one); a batch of 8 rows, whose plain step already
+    scores 8 slots, gains nothing from drafting and decodes plainly; the step's cost and the drafting follow the
+    rows. A one-row cost model (the old one) would have the batch draft."""
+    costs = Costs({1: 1.0, 2: 1.02, 4: 1.05, 8: 2.1, 16: 4.2, 32: 8.4}, {"cold": (0.01, 0.02)})
+    cand = dataclasses.replace(candidates()[0], prior_alpha=0.8)
+    one = AutoDrafter([cand], costs, prior_weight=1e9)
+    one.prime([torch.tensor(PROMPT)])
+    assert one.choice[0] == "cold"
+    batch = AutoDrafter([cand], costs, prior_weight=1e9)
+    batch.prime([torch.tensor(PROMPT)] * 8)
+    assert batch.rows == 8 and batch.choice == (PLAIN, 0)
+    assert batch.step_cost(PLAIN, 0) == pytest.approx(costs.verify(8))
+    assert batch.step_cost("cold", 3) == pytest.approx(8 * (0.01 + 3 * 0.02) + costs.verify(32))
+    assert one.step_cost("cold", 3) == pytest.approx(0.01 + 3 * 0.02 + costs.verify(4))
+    # the rows follow the batch: one row left, drafting pays again
+    assert AutoDrafter([cand], costs, prior_weight=1e9).rows == 1
+    batch.propose(DecodeContext([torch.tensor(PROMPT)], torch.zeros(1, dtype=torch.long),
+                                torch.zeros(1, dtype=torch.long)), 3)
+    assert batch.rows == 1 and batch.predictions()["cold"]["predicted_speedup"] > 1.5
 
 
 def test_a_candidate_that_has_not_run_drafts_no_more_than_its_default_length():
