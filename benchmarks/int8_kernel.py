@@ -1,9 +1,10 @@
 """The served models' int8 CPU kernel on Gemma 3 270M's layer shapes: the 16-lane AVX-512 path against the
 8-lane AVX2 path, per number of rows (1 thread). Both are row-invariant; this checks that too.
 
-    python benchmarks/int8_kernel.py [--repeats 20] [--out benchmarks/int8-kernel-latest]
+    python benchmarks/int8_kernel.py [--repeats 20] [--out benchmarks/int8-kernel-latest] [--before OLD.json]
 
-Writes OUT.json and OUT.md.
+Writes OUT.json and OUT.md; with --before (an earlier run's JSON, e.g. of the previous kernel source on the same
+machine minutes before) also the time of each cell against it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "int8-kernel-latest")
+    parser.add_argument("--before", type=Path, help="an earlier run's JSON to compare each cell with")
     args = parser.parse_args()
     import torch
 
@@ -34,7 +36,7 @@ def main() -> None:
     if not int8_rows.available():
         raise SystemExit("the int8 kernel cannot be built here (needs g++, ninja, AVX2/FMA)")
     paths = [True, False] if int8_rows.wide() else [False]
-    rows = (1, 2, 3, 4, 5, 6, 8, 12)
+    rows = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 64)  # decoding, verification windows and batches, prompts
     results = []
     for name, n, k in SHAPES:
         generator = torch.Generator().manual_seed(0)
@@ -66,8 +68,25 @@ def main() -> None:
             cells = [r for r in results if r["layer"] == name and r["path"] == path]
             if cells:
                 lines.append(f"| {name} ({n} × {k}) | {path} | " + " | ".join(f"{r['ms']:.3f}" for r in cells) + " |")
+    if args.before:
+        lines += _against(json.loads(args.before.read_text()), record, rows)
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def _against(before: dict, after: dict, rows) -> list[str]:
+    """Markdown: each cell's time over the earlier run's (below 1: faster now), where both measured it."""
+    earlier = {(r["layer"], r["path"], r["rows"]): r["ms"] for r in before["results"]}
+    lines = ["", f"Against the earlier run ({before.get('label', 'the --before file')}): time now over time then.", "",
+             "| layer | path | " + " | ".join(f"{m} rows" for m in rows) + " |", "|---|---|" + "---|" * len(rows)]
+    for name, _, _ in SHAPES:
+        for path in ("avx512", "avx2"):
+            cells = {r["rows"]: r["ms"] for r in after["results"] if r["layer"] == name and r["path"] == path}
+            if cells:
+                lines.append(f"| {name} | {path} | " + " | ".join(
+                    f"{cells[m] / earlier[name, path, m]:.2f}" if (name, path, m) in earlier and m in cells else "–"
+                    for m in rows) + " |")
+    return lines
 
 
 if __name__ == "__main__":

@@ -2,21 +2,20 @@
 
 out[m, n] = scales[n] * sum_k x[m, k] * w[n, k], with w int8 [N, K], x and scales float32. Every output has
 one AVX2 accumulator fed k = 0, 8, 16, ... in order and one fixed horizontal sum, whatever the number of rows
-M: blocking over rows (up to 6 per pass over the weights) and over outputs changes the speed, never a bit of
-the result. That is what makes speculative verification of the served model exact: a token scored in a
-window of 6 gets the logits it gets alone. Up to 6 rows it streams the int8 weights once, so on
-Gemma 3's 262,144 x 640 output layer (1 thread, AVX2, on an earlier machine and before prefetching) 1, 4 and 6
-rows cost about 31, 39 and 44 ms, against 31, 48 and 86 ms for `torch._weight_int8pack_mm`, whose 4-row blocks
-re-read the weights. From 7 to 12 rows each slice of 48 weight rows is read once and every group of 6 rows runs
-against it from cache (an 8-slot window of served Gemma: 86 -> 75 ms, benchmarks/gemma-glue-latest.md). Past 12
-rows (prompts, batches) it widens a block of weight rows to float once into cache and runs every row against it; the
-widening is exact, so the result is the same bit for bit.
+M: blocking over rows and over outputs changes the speed, never a bit of the result. That is what makes
+speculative verification of the served model exact: a token scored in a window of 6 gets the logits it gets alone.
+Up to 6 rows (8 with AVX-512) one pass streams the int8 weights once, so on Gemma 3's 262,144 x 640 output layer
+(1 thread, AVX2, on an earlier machine and before prefetching) 1, 4 and 6 rows cost about 31, 39 and 44 ms, against
+31, 48 and 86 ms for `torch._weight_int8pack_mm`, whose 4-row blocks re-read the weights. More rows run in balanced
+groups of at most 6, one pass each: from about 4 rows on one core is bound by arithmetic, not by reading the weights,
+so a pass per group cost less than keeping slices of the weights in cache for every group or widening them to
+float once (both tried before; benchmarks/int8-kernel-latest.md).
 
 Where the CPU has AVX-512F the same scheme also runs 16 lanes wide (32 registers, so bigger blocks): a layer whose
 K is a multiple of 16 always takes that path, whatever M, so row invariance holds within it (its sums differ
-from the 8-lane path's, so the two are never mixed in one layer). On Gemma 3's output layer 4 and 6 rows then
-cost about 9 and 14 ms instead of 19 and 26 (with prefetching), and its other layers about half
-(benchmarks/int8-kernel-latest.md; one row is bound by memory bandwidth either way).
+from the 8-lane path's, so the two are never mixed in one layer). On Gemma 3's output layer 4, 6 and 8 rows then
+cost about 7, 11 and 15 ms, and its other layers about half of the AVX2 path's (benchmarks/int8-kernel-latest.md; one
+row is bound by memory bandwidth either way).
 
 Each block first prefetches the int8 rows PREFETCH_BLOCKS blocks ahead: on Gemma's 168 MB output layer the
 hardware prefetcher alone read about 13 GB/s on one core here, and one row took 18 ms where it now takes about 7.5

@@ -1,7 +1,5 @@
 #include <torch/extension.h>
 #include <immintrin.h>
-#include <algorithm>
-#include <vector>
 
 static inline float hsum(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
@@ -28,6 +26,7 @@ struct Lanes8 {  // AVX2: 16 registers
   static inline V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static inline float sum(V v) { return hsum(v); }
   static constexpr int nb(int mb) { return mb == 1 ? 6 : mb == 2 ? 4 : mb == 3 ? 3 : 2; }
+  static constexpr int ONE_PASS = 6;
 };
 #ifdef __AVX512F__
 struct Lanes16 {  // AVX-512F: 32 registers
@@ -40,7 +39,10 @@ struct Lanes16 {  // AVX-512F: 32 registers
   }
   static inline V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static inline float sum(V v) { return _mm512_reduce_add_ps(v); }
-  static constexpr int nb(int mb) { return mb == 1 ? 8 : mb == 2 ? 6 : mb <= 4 ? 4 : 3; }
+  // 7 and 8 rows in one pass take 2 weight rows (16 accumulators): a pass of 8 x 2 over Gemma 3's output layer cost
+  // 15.5 ms where groups of 6 and 2 cost 25.6 (benchmarks/int8-kernel-latest.md)
+  static constexpr int nb(int mb) { return mb == 1 ? 8 : mb == 2 ? 6 : mb <= 6 ? 4 : 2; }
+  static constexpr int ONE_PASS = 8;  // the most rows one pass over the weights takes
 };
 static const bool kHave512 = true;
 #else
@@ -49,19 +51,18 @@ static const bool kHave512 = false;
 
 // MB activation rows against NB weight rows at a time. Each output (m, n) has one accumulator fed k = 0, W, 2W, ...
 // in order and one fixed horizontal sum, whatever MB and NB are: blocking changes speed, never the result. The
-// weights are int8 rows, or the same rows already widened to float (exactly: int8 -> float32 is lossless). The
 // 16-lane sums differ from the 8-lane ones, so a layer always takes one width (K % 16 == 0 with AVX-512).
 static const int PREFETCH_BLOCKS = 16;  // prefetching changes the speed only: no arithmetic depends on it
 
-template <typename L, int MB, int NB, typename T>
-static void block(const float* x, const T* w, const float* scales, float* out, int64_t n0, int64_t n1, int64_t K, int64_t ldo) {
+template <typename L, int MB, int NB>
+static void block(const float* x, const int8_t* w, const float* scales, float* out, int64_t n0, int64_t n1, int64_t K,
+                  int64_t ldo) {
   int64_t n = n0;
   for (; n + NB <= n1; n += NB) {
-    if (sizeof(T) == 1) {  // int8 rows stream from memory: ask for the block PREFETCH_BLOCKS ahead now
-      const char* ahead = (const char*)(w + (n + PREFETCH_BLOCKS * NB) * K);
-      const char* end = (const char*)(w + n1 * K);
-      for (int64_t b = 0; b < NB * K; b += 64) if (ahead + b < end) _mm_prefetch(ahead + b, _MM_HINT_T0);
-    }
+    // the int8 rows stream from memory: ask for the block PREFETCH_BLOCKS ahead now
+    const char* ahead = (const char*)(w + (n + PREFETCH_BLOCKS * NB) * K);
+    const char* end = (const char*)(w + n1 * K);
+    for (int64_t b = 0; b < NB * K; b += 64) if (ahead + b < end) _mm_prefetch(ahead + b, _MM_HINT_T0);
     typename L::V acc[MB][NB];
     for (int m = 0; m < MB; ++m) for (int j = 0; j < NB; ++j) acc[m][j] = L::zero();
     for (int64_t k = 0; k < K; k += L::W) {
@@ -74,53 +75,41 @@ static void block(const float* x, const T* w, const float* scales, float* out, i
     }
     for (int m = 0; m < MB; ++m) for (int j = 0; j < NB; ++j) out[m * ldo + n + j] = L::sum(acc[m][j]) * scales[n + j];
   }
-  if (NB > 1 && n < n1) block<L, MB, 1, T>(x, w, scales, out, n, n1, K, ldo);
+  if (NB > 1 && n < n1) block<L, MB, 1>(x, w, scales, out, n, n1, K, ldo);
 }
 
-// All M rows (6 per group, then the rest) against weight rows n0..n1 of w.
-template <typename L, typename T>
-static void row_groups(const float* x, const T* w, const float* s, float* o, int64_t M, int64_t n0, int64_t n1,
-                       int64_t K, int64_t ldo) {
-  int64_t m = 0;
-  for (; m + 6 < M; m += 6) block<L, 6, L::nb(6), T>(x + m * K, w, s, o + m * ldo, n0, n1, K, ldo);
-  const float* xr = x + m * K; float* orow = o + m * ldo;
-  switch (M - m) {
-    case 1: block<L, 1, L::nb(1), T>(xr, w, s, orow, n0, n1, K, ldo); break;
-    case 2: block<L, 2, L::nb(2), T>(xr, w, s, orow, n0, n1, K, ldo); break;
-    case 3: block<L, 3, L::nb(3), T>(xr, w, s, orow, n0, n1, K, ldo); break;
-    case 4: block<L, 4, L::nb(4), T>(xr, w, s, orow, n0, n1, K, ldo); break;
-    case 5: block<L, 5, L::nb(5), T>(xr, w, s, orow, n0, n1, K, ldo); break;
-    case 6: block<L, 6, L::nb(6), T>(xr, w, s, orow, n0, n1, K, ldo); break;
+// One pass over all N weight rows for `rows` (1 to 8) activation rows.
+template <typename L>
+static void pass(const float* x, const int8_t* w, const float* s, float* o, int rows, int64_t N, int64_t K,
+                 int64_t ldo) {
+  switch (rows) {
+    case 1: block<L, 1, L::nb(1)>(x, w, s, o, 0, N, K, ldo); break;
+    case 2: block<L, 2, L::nb(2)>(x, w, s, o, 0, N, K, ldo); break;
+    case 3: block<L, 3, L::nb(3)>(x, w, s, o, 0, N, K, ldo); break;
+    case 4: block<L, 4, L::nb(4)>(x, w, s, o, 0, N, K, ldo); break;
+    case 5: block<L, 5, L::nb(5)>(x, w, s, o, 0, N, K, ldo); break;
+    case 6: block<L, 6, L::nb(6)>(x, w, s, o, 0, N, K, ldo); break;
+    case 7: if constexpr (L::ONE_PASS >= 7) block<L, 7, L::nb(7)>(x, w, s, o, 0, N, K, ldo); break;
+    case 8: if constexpr (L::ONE_PASS >= 8) block<L, 8, L::nb(8)>(x, w, s, o, 0, N, K, ldo); break;
     default: break;
   }
 }
 
-// More than one group of rows (7 to 12): a slice of SLICE_ROWS weight rows is read from memory once and every group
-// runs against it while it sits in cache, instead of one pass over all the weights per group (the second pass cost
-// as much as the first: the layers stream from memory). Slicing the outputs changes no accumulator, so every
-// result is the same bit for bit as with one group or one row.
-static const int64_t SLICE_ROWS = 48;  // a multiple of every NB; 48 x 2048 int8 stays within L2
-
-template <typename L, typename T>
-static void all_rows(const float* x, const T* w, const float* s, float* o, int64_t M, int64_t n0, int64_t n1,
-                     int64_t K, int64_t ldo) {
-  if (M <= 6 || sizeof(T) != 1) { row_groups<L, T>(x, w, s, o, M, n0, n1, K, ldo); return; }
-  for (int64_t a = n0; a < n1; a += SLICE_ROWS) {
-    const int64_t b = std::min(a + SLICE_ROWS, n1);
-    const char* next = (const char*)(w + b * K);  // the next slice, while this one is computed
-    const char* end = (const char*)(w + n1 * K);
-    for (int64_t i = 0; i < SLICE_ROWS * K; i += 64) if (next + i < end) _mm_prefetch(next + i, _MM_HINT_T1);
-    row_groups<L, T>(x, w, s, o, M, a, b, K, ldo);
+// Up to ONE_PASS rows: one pass over the weights (they stream from memory once). More rows: as few groups of at most
+// 6 rows as cover them, of balanced sizes (13 rows: 5, 4, 4), each its own pass. On one core the products are bound
+// by arithmetic from about 4 rows on, and a 6 x 4 block does the most multiply-adds per widened weight; reading the
+// weights again per group cost less than the slices kept in cache and the weights widened to float once that this
+// replaced (Gemma 3's output layer at 16 rows 28 against 46 ms, its MLP products over a 924-token prompt a quarter to
+// a third faster). No grouping changes an accumulator, so every result is the same bit for bit.
+template <typename L>
+static void all_rows(const float* x, const int8_t* w, const float* s, float* o, int64_t M, int64_t N, int64_t K) {
+  if (M <= L::ONE_PASS) { pass<L>(x, w, s, o, (int)M, N, K, N); return; }
+  const int64_t groups = (M + 5) / 6;
+  for (int64_t g = 0, m = 0; g < groups; ++g) {
+    const int64_t rows = (M - m) / (groups - g);  // balanced: the sizes differ by at most one
+    pass<L>(x + m * K, w, s, o + m * N, (int)rows, N, K, N);
+    m += rows;
   }
-}
-
-template <typename T>
-static void rows_at_width(bool wide, const float* x, const T* w, const float* s, float* o, int64_t M, int64_t n0,
-                          int64_t n1, int64_t K, int64_t ldo) {
-#ifdef __AVX512F__
-  if (wide) { all_rows<Lanes16, T>(x, w, s, o, M, n0, n1, K, ldo); return; }
-#endif
-  all_rows<Lanes8, T>(x, w, s, o, M, n0, n1, K, ldo);
 }
 
 bool has_wide() { return kHave512; }
@@ -129,19 +118,10 @@ bool has_wide() { return kHave512; }
 // directly); `wide` allows the 16-lane path, which a layer takes whatever M
 static void int8_rows_product(const float* xp, const int8_t* wp, const float* sp, float* op, int64_t M, int64_t N,
                               int64_t K, bool wide) {
-  wide = wide && kHave512 && K % 16 == 0;
-  if (M <= 12) {  // decoding and verification windows: stream the int8 weights once per 6 rows
-    rows_at_width<int8_t>(wide, xp, wp, sp, op, M, 0, N, K, N);
-  } else {  // prompts and batches: widen a block of weight rows into cache once, then run every row against it
-    const int64_t rows_per_block = std::max<int64_t>(6, 98304 / (K * 4));
-    std::vector<float> widened(rows_per_block * K);
-    for (int64_t n0 = 0; n0 < N; n0 += rows_per_block) {
-      const int64_t count = std::min(rows_per_block, N - n0);
-      for (int64_t i = 0; i < count; ++i)
-        for (int64_t k = 0; k < K; k += 8) _mm256_storeu_ps(widened.data() + i * K + k, widen(wp + (n0 + i) * K + k));
-      rows_at_width<float>(wide, xp, widened.data(), sp + n0, op + n0, M, 0, count, K, N);
-    }
-  }
+#ifdef __AVX512F__
+  if (wide && K % 16 == 0) { all_rows<Lanes16>(xp, wp, sp, op, M, N, K); return; }
+#endif
+  all_rows<Lanes8>(xp, wp, sp, op, M, N, K);
 }
 
 torch::Tensor int8_rows_mm(torch::Tensor x, torch::Tensor w, torch::Tensor scales, bool wide) {

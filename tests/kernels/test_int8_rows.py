@@ -46,7 +46,7 @@ def test_kernel_rows_are_invariant_to_the_number_of_rows(in_features, wide):
     weight, scales = random_layer(301, in_features)
     x = torch.randn(30, in_features, generator=torch.Generator().manual_seed(2))
     alone = torch.cat([int8_rows.int8_rows_mm(x[i:i + 1], weight, scales, wide) for i in range(30)])
-    for rows in range(1, 31):  # past 12 rows the kernel widens weight blocks first: same bits
+    for rows in range(1, 31):  # past one pass (6 or 8 rows) the kernel runs groups of rows: same bits
         assert torch.equal(int8_rows.int8_rows_mm(x[:rows], weight, scales, wide), alone[:rows]), rows
 
 
