@@ -4,8 +4,8 @@
 step, the choice the cost model predicts fastest:
 
     speed(plain)     = 1 / T_verify(R)
-    speed(chain, g)  = E(g) / (T_draft(g) + hit_R * T_verify(R (g + 1)) + (1 - hit_R) * T_verify(R))
-    speed(tree)      = tau / (T_draft + T_verify(R (nodes + 1)))
+    speed(chain, g)  = E(g) / (R T_draft(g) + hit_R * T_verify(R (g + 1)) + (1 - hit_R) * T_verify(R))
+    speed(tree)      = tau / (R T_draft + T_verify(R (nodes + 1)))
 
 for a batch of R rows (tokens per row per second; hit_R = 1 - (1 - hit)^R, since a batch pads its rows' windows
 to the longest).

@@ -101,10 +101,12 @@ static void pass(const float* x, const int8_t* w, const float* s, float* o, int 
 // weights again per group cost less than the slices kept in cache and the weights widened to float once that this
 // replaced (Gemma 3's output layer at 16 rows 28 against 46 ms, its MLP products over a 924-token prompt a quarter to
 // a third faster). No grouping changes an accumulator, so every result is the same bit for bit.
+static const int64_t GROUP_ROWS = 6;  // the most rows of a group past one pass
+
 template <typename L>
 static void all_rows(const float* x, const int8_t* w, const float* s, float* o, int64_t M, int64_t N, int64_t K) {
   if (M <= L::ONE_PASS) { pass<L>(x, w, s, o, (int)M, N, K, N); return; }
-  const int64_t groups = (M + 5) / 6;
+  const int64_t groups = (M + GROUP_ROWS - 1) / GROUP_ROWS;
   for (int64_t g = 0, m = 0; g < groups; ++g) {
     const int64_t rows = (M - m) / (groups - g);  // balanced: the sizes differ by at most one
     pass<L>(x + m * K, w, s, o + m * N, (int)rows, N, K, N);
