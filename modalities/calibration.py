@@ -39,8 +39,9 @@ STATEFUL_PRIOR_TOKENS = 2048
 PRIOR_TOKENS = 64  # tokens of each short run (one per calibration prompt) that measures a candidate's acceptance
 WINDOWS = (1, 2, 3, 4, 5, 6, 8, 10, 13, 17)
 # a batch of R rows verifying w slots each scores R * w slots, and a forward costs what its slots cost however they
-# split into rows (Gemma 3 270M and the code target, measured to within a tenth): a batch's windows are timed as one
-# row's of R times the width, at these multiples of R, up to BATCH_SLOTS (wider steps follow the last segment's slope)
+# split into rows (Gemma 3 270M 0.98-1.01, the code target 0.95-1.14 of one row's: benchmarks/batch-window-*-latest.md):
+# a batch's windows are timed as one row's of R times the width, at these multiples of R, up to BATCH_SLOTS (wider
+# steps follow the last segment's slope)
 BATCH_MULTIPLES = (1, 2, 3, 5, 9, 17)
 BATCH_SLOTS = 136  # 8 rows of 17 slots: the serve and batch runners' default rows at auto's longest chain
 

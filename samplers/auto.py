@@ -394,7 +394,7 @@ class AutoDrafter:
         """Verifying `drafted` tokens (drafted + 1 slots) on each of the batch's rows inside the loop, with the
         loop's own cost per step (mostly the acceptance rule's: timed with the verification, so a plain step's timing
         compares like with like). A forward's cost follows the slots it scores, however they split into rows (Gemma 3
-        270M: 8 rows of 4 slots 160 ms, one row of 32 slots 160 ms; 8 rows of one slot 41 ms, as one row of 8), so
+        270M: 8 rows of 4 slots 109 ms, one row of 32 slots 108 ms; benchmarks/batch-window-gemma-latest.md), so
         R rows cost T_verify(R * (drafted + 1)): on a full batch the target's spare compute that speculation spends
         on one row is spent on the other rows already, and plain decoding of 8 served Gemma rows ran 1.6 times as
         fast as prompt lookup chosen by a one-row cost model."""
