@@ -28,12 +28,12 @@ from specgen.modalities.runtime.transformers_adapter import measure_window_s
 from specgen.samplers.auto import Costs, nondecreasing
 from specgen.samplers.types import DecodeContext
 
-VERSION = 10  # 2: fastest of 5 timings, monotone in window size; 4: Jacobi priors over a whole image or clip; 5: image/
+VERSION = 11  # 2: fastest of 5 timings, monotone in window size; 4: Jacobi priors over a whole image or clip; 5: image/
 # video windows timed at half a request's context; 7: windows timed round-robin and fitted monotone (PAV), the int8
 # kernel reads the weights once for 7-12 rows; 8: the decode step's AVX2 tiles keep to registers (wide windows cost
 # a fifth of before there), and the key names the kernels' instruction set; 9: drafting's fixed cost and each verified
 # slot's cost as measured inside the loop; 10: the int8 kernel's rows in groups of one pass each (verification windows
-# of 5-24 slots on Gemma 3 270M a fifth to two fifths cheaper)
+# of 5-24 slots on Gemma 3 270M a fifth to two fifths cheaper); 11: each candidate's speedup per calibration prompt
 # a Jacobi window's run, one whole image or clip (at most this many tokens): its tokens per step grow as it settles
 STATEFUL_PRIOR_TOKENS = 2048
 PRIOR_TOKENS = 64  # tokens of each short run (one per calibration prompt) that measures a candidate's acceptance
@@ -210,6 +210,7 @@ def calibrate(key: dict, target, prompt: torch.Tensor, windows: Sequence[int], c
             if run.get("tokens_per_s"):  # over plain decoding's step in the loop
                 plain_s = record["verify_s"]["1"] + record["overhead_s"]
                 record["prior"][name]["speedup"] = run["tokens_per_s"] * plain_s
+                record["prior"][name]["speedups"] = [t * plain_s for t in run.get("tokens_per_s_by_prompt", ())]
             record["draft_s"][name][0] = _in_loop_fixed(costs_of(record), name, run, per_token)
             run_windows += [(int(n), seconds, count) for n, (seconds, count) in run["verify_by_window"].items()]
             progress.update(name)

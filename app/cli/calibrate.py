@@ -52,8 +52,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     print("  T_verify (ms) by window: " + ", ".join(f"{n}: {ms}" for n, ms in summary["T_verify_ms"].items()))
     for name, (fixed, per_token) in summary["draft_ms"].items():
         prior = summary["prior"].get(name, {})
+        speedups = "/".join(f"{x:.2f}" for x in prior.get("speedups") or [prior.get("speedup") or 0.0])
         print(f"  {name}: drafting {fixed} ms + {per_token} ms/token, alpha {prior.get('alpha', 0):.2f}, "
-              f"tau {prior.get('tau', 1):.2f}")
+              f"tau {prior.get('tau', 1):.2f}, speedup {speedups}x (per calibration prompt)")
     initial = summary["first_choice"]
     print(f"  auto's first choice for the example prompt: {initial['method']} (length {initial['length']}); "
           "predicted speedups: " + ", ".join(f"{n} {p:.2f}x" for n, p in initial["predicted"].items()))

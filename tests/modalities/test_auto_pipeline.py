@@ -112,6 +112,22 @@ def test_calibration_race_keeps_the_candidates_near_the_fastest():
     assert raced(cands, {}) == cands  # nothing measured: nothing left out
 
 
+def test_the_race_judges_each_calibration_prompt_on_its_own():
+    """A candidate fastest on one kind of prompt stays though another's pooled speedup is higher; one beaten on every
+    prompt goes; records without per-prompt speedups (or over different prompt sets) are judged pooled."""
+    from specgen.modalities.auto import RACE_KEEP, raced
+    from specgen.samplers.auto import Candidate
+
+    cands = [Candidate(name, None, None, (1,)) for name in ("lookup", "model", "slow")]
+    priors = {"lookup": {"speedup": 2.8, "speedups": [1.6, 4.7]}, "model": {"speedup": 1.9, "speedups": [1.7, 2.2]},
+              "slow": {"speedup": 1.5, "speedups": [1.7 * RACE_KEEP - 0.01, 4.7 * RACE_KEEP - 0.01]}}
+    assert [c.name for c in raced(cands, priors)] == ["lookup", "model"]
+    pooled = {name: {"speedup": prior["speedup"]} for name, prior in priors.items()}
+    assert [c.name for c in raced(cands, pooled)] == ["lookup"]
+    mixed = dict(priors, model={"speedup": 1.9, "speedups": [1.7]})
+    assert [c.name for c in raced(cands, mixed)] == ["lookup"]
+
+
 def test_a_calibrated_request_builds_only_the_candidates_the_race_offers(pair, monkeypatch):
     from specgen.modalities import auto as auto_pipeline
 
@@ -123,8 +139,10 @@ def test_a_calibrated_request_builds_only_the_candidates_the_race_offers(pair, m
     monkeypatch.setattr(auto_pipeline, "make_drafter",
                         lambda gen, spec, *a, **k: built.append(spec.name) or make_drafter(gen, spec, *a, **k))
     result = generator.generate("def f(a):\n", max_new_tokens=8)
-    best = max(p["speedup"] for p in record["prior"].values())
-    slow = {n for n, p in record["prior"].items() if p["speedup"] < auto_pipeline.RACE_KEEP * best and n != "ngram"}
+    prompts = len(record["prior"]["ngram"]["speedups"])  # one speedup per calibration prompt, for every candidate
+    best = [max(p["speedups"][i] for p in record["prior"].values()) for i in range(prompts)]
+    slow = {n for n, p in record["prior"].items() if n != "ngram"
+            and all(s < auto_pipeline.RACE_KEEP * b for s, b in zip(p["speedups"], best))}
     assert built and not slow & set(built), (built, slow)
     assert set(built) == set(result.stats["auto"]["initial"]["predicted"]) - {"ar"}
 

@@ -160,6 +160,23 @@ def test_a_candidate_that_has_not_run_drafts_no_more_than_its_default_length():
     assert auto._length("cold") > 3
 
 
+def test_a_drafter_serving_its_first_steps_keeps_at_least_its_own_length():
+    """Early rejections do not shorten a newly chosen drafter below its method's own length until its tenure is
+    over (a completion's first tokens are its hardest); afterwards the estimates decide."""
+    costs = Costs({n: 1.0 + 0.3 * n for n in range(1, 18)}, {"cold": (0.0, 0.01)})
+    cand = dataclasses.replace(candidates()[0], lengths=tuple(range(1, 17)), prior_alpha=0.9, default_length=6)
+    auto = AutoDrafter([cand], costs, margin=0.05)
+    auto.choice, auto._chosen_at, auto.step = ("cold", 6), 0, 3
+    for _ in range(3):
+        auto.estimates["cold"].record(6, 0, True)  # rejected at the first token, three times
+    assert auto.best_length("cold", explore=True)[0] < 6
+    auto._decide()
+    assert auto.choice == ("cold", 6)
+    auto.step = auto.TENURE
+    auto._decide()
+    assert auto.choice[0] == "cold" and auto.choice[1] < 6
+
+
 def test_auto_switches_away_from_a_drafter_that_is_rejected():
     costs = Costs({1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6}, {"a": (0.0, 0.05), "b": (0.0, 0.05)})
     a = Candidate("a", None, None, (1, 2, 3), prior_alpha=0.9)
@@ -267,6 +284,31 @@ def test_exploring_lengthens_a_draft_by_at_most_explore_reach_tokens():
     assert point < explored == point + auto.EXPLORE_REACH
     auto.EXPLORE_REACH = 16
     assert auto.best_length("a", explore=True)[0] > point + 2  # what exploring alone would have drafted
+
+
+def test_exploring_grows_a_draft_by_what_its_steps_have_shown():
+    """Exploring reaches at most EXPLORE_REACH past the method's own length until drafts have reached deeper
+    `weight` times; its raise at a position fades with the steps that drafted that deep, tested there or not (drafts
+    that break early never test their deep positions)."""
+    costs = Costs({n: 1.0 + 0.02 * n for n in range(1, 18)}, {"a": (0.0, 0.001)})
+    cand = Candidate("a", None, None, tuple(range(1, 17)), prior_alpha=0.95, default_length=3)
+    auto = AutoDrafter([cand], costs)
+    assert auto.best_length("a")[0] > 7  # the point estimate alone asks for a long draft
+    assert auto.best_length("a", explore=True)[0] == 3 + auto.EXPLORE_REACH
+    est = auto.estimates["a"]
+    for _ in range(int(auto.weight)):  # drafts of 6 tokens, every one accepted: positions 1-6 are known
+        est.record(6, 6, False)
+    assert auto.best_length("a", explore=True)[0] == 6 + auto.EXPLORE_REACH
+    # 8-token drafts rejected at the second token: positions 3-8 drafted (so tried) but never tested
+    broken = AutoDrafter([cand], costs)
+    for _ in range(12):
+        broken.estimates["a"].record(8, 1, True)
+    assert broken.estimates["a"].tested_at == [12, 12] and broken.estimates["a"].tried_at(8) == [12] * 8
+    raised = broken._expected_by_length("a", 8, explore=True)[8] - broken._expected_by_length("a", 8)[8]
+    untried = AutoDrafter([cand], costs)
+    for _ in range(12):
+        untried.estimates["a"].record(2, 1, True)
+    assert raised < untried._expected_by_length("a", 8, explore=True)[8] - untried._expected_by_length("a", 8)[8]
 
 
 def test_a_length_that_turned_out_too_long_is_re_lengthened_not_left():
