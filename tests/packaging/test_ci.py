@@ -35,7 +35,7 @@ def test_ci_script_runs_the_readme_command():
     assert text.startswith("#!/usr/bin/env bash\n") and "set -euo pipefail" in text
     assert re.findall(r'^TEST_COMMAND="(.*)"$', text, flags=re.M) == [TEST_COMMAND]
     assert re.search(r'^\s*timeout .*"\$LIMIT_S" bash -c "\$TEST_COMMAND"', text, flags=re.M)
-    assert re.findall(r"^LIMIT_S=(\d+)$", text, flags=re.M) == ["1080"]  # 18 minutes
+    assert re.findall(r"^LIMIT_S=(\d+)$", text, flags=re.M) == ["1500"]  # 25 minutes
 
 
 FAKE_PYTHON = """#!/usr/bin/env bash
