@@ -203,12 +203,13 @@ def raced(candidates: list[Candidate], priors: dict) -> list[Candidate]:
     repeated passage, and auto, left with prompt lookup alone, ran at 0.8x draft-lookup on the bench prompts). A
     candidate without a measured speedup stays."""
     measured = {c.name: _race_speedups(priors.get(c.name, {})) for c in candidates}
-    rounds = {len(s) for s in measured.values() if s}
-    if not rounds:
+    prompts = {len(s) for s in measured.values() if s}
+    if not prompts:
         return candidates
-    if len(rounds) > 1:  # runs over different prompt sets do not compare prompt by prompt: pooled
+    if len(prompts) > 1:  # runs over different prompt sets do not compare prompt by prompt: pooled
         measured = {name: s and [priors[name]["speedup"]] for name, s in measured.items()}
-    best = [max(s[i] for s in measured.values() if s) for i in range(len(next(s for s in measured.values() if s)))]
+        prompts = {1}
+    best = [max(s[i] for s in measured.values() if s) for i in range(prompts.pop())]
     return [c for c in candidates if c.shadow or not measured[c.name]
             or any(s >= RACE_KEEP * b for s, b in zip(measured[c.name], best))]
 
@@ -313,10 +314,10 @@ def _prior_run(target, build, processing: Processing, prompts: Sequence[torch.Te
         _, prefill_s = run(build(), 1, SpecStats())
         result, seconds = run(candidate, tokens, stats)
         later += [e for e in result.events if e.step > 0]
-        tokens = max(sum(len(e.tokens) for e in result.events) - 1, 0)
-        run_s += max(seconds - prefill_s, 1e-9)
-        run_tokens += tokens
-        by_prompt.append(tokens / max(seconds - prefill_s, 1e-9))
+        generated, past_first_s = max(sum(len(e.tokens) for e in result.events) - 1, 0), max(seconds - prefill_s, 1e-9)
+        run_s += past_first_s
+        run_tokens += generated
+        by_prompt.append(generated / past_first_s)
     tested = stats.accepted + stats.rejections
     total = sum(stats.draft_lengths.values())
     alpha = stats.accepted / tested if tested else 0.0

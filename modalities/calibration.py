@@ -77,10 +77,14 @@ def machine_key(modality: str, paths: Sequence) -> dict:
             "models": [str(p) for p in paths if p is not None], "model_hash": files_hash(paths), "version": VERSION}
 
 
+def cache_dir() -> Path:
+    """Where calibrations are cached: `$SPECGEN_HOME/calibration`."""
+    return settings.path("SPECGEN_HOME", Path("~/.cache/specgen").expanduser()) / "calibration"
+
+
 def cache_path(key: dict) -> Path:
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    home = settings.path("SPECGEN_HOME", Path("~/.cache/specgen").expanduser())
-    return home / "calibration" / f"{key['modality']}-{name}.json"
+    return cache_dir() / f"{key['modality']}-{name}.json"
 
 
 def load(key: dict) -> dict | None:
@@ -280,9 +284,8 @@ def _draft_cost(candidate, prompt: torch.Tensor) -> tuple[float, float]:
 
 def cached_records() -> list[dict]:
     """Every calibration in the user cache (for `specgen info`)."""
-    home = settings.path("SPECGEN_HOME", Path("~/.cache/specgen").expanduser())
     out = []
-    for path in sorted((home / "calibration").glob("*.json")):
+    for path in sorted(cache_dir().glob("*.json")):
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
