@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import statistics
 
 import pytest
@@ -37,14 +36,10 @@ def page(tmp_path_factory, cpu_alone):
     from specgen.app.ui.image import ImageModels
     from specgen.app.ui.speech import SpeechModels
     from specgen.app.ui.text import TextModels
-    from specgen.modalities import calibration
 
     holders = dict(text_models=TextModels(), image_models=ImageModels(), speech_models=SpeechModels(),
                    video_models=ImageModels(video=True))
     with cpu_alone():  # warming calibrates `auto` for this machine: with another test beside it, costs read wrong
-        # so calibrations an earlier test in this worker made of the shipped models (beside other tests) go first:
-        # inherited, one had the Image tab's `auto` read 0.85-1.04x in the suite and 1.31-1.53x in a run alone
-        shutil.rmtree(calibration.cache_dir(), ignore_errors=True)
         for holder in holders.values():  # what `specgen demo` does: load and warm before the first click
             holder.get()
     for url in serve(build_demo(**holders)):
