@@ -6,6 +6,7 @@ decoding; the costs come from the calibration cache (`calibration.py`), measured
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import time
 import weakref
@@ -174,6 +175,7 @@ def build_auto_pipeline(generator, spec, prompts: Sequence[torch.Tensor], *, max
             candidate.prior_alpha, candidate.prior_hit = prior["alpha"], prior["hit"]
             candidate.prior_alpha_at = tuple(prior["alpha_at"]) if prior.get("alpha_at") else None
             candidate.prior_tau = prior["tau"]
+            candidate.prior_curve = tuple(prior["curve"]) if prior.get("curve") else None
     drafter = AutoDrafter(candidates, costs, margin=knobs["margin"], clock=time.perf_counter)
     drafter.prime(prompts, rows)
     policy = AutoPolicy(drafter)
@@ -297,7 +299,7 @@ def _prior_run(target, build, processing: Processing, prompts: Sequence[torch.Te
     drafter's prompt prefill), and its tokens per second past the first token."""
     from specgen.samplers.length_policies import FixedLength
 
-    stats, later, run_s, run_tokens, by_prompt = SpecStats(), [], 0.0, 0, []
+    stats, later, run_s, run_tokens, by_prompt, curves = SpecStats(), [], 0.0, 0, [], []
     for prompt in prompts:
         candidate = build()
         tokens = calibration.STATEFUL_PRIOR_TOKENS if candidate.stateful else calibration.PRIOR_TOKENS
@@ -314,6 +316,8 @@ def _prior_run(target, build, processing: Processing, prompts: Sequence[torch.Te
         _, prefill_s = run(build(), 1, SpecStats())
         result, seconds = run(candidate, tokens, stats)
         later += [e for e in result.events if e.step > 0]
+        if candidate.stateful:
+            curves.append(list(itertools.accumulate(len(e.tokens) for e in result.events if e.row == 0)))
         generated, past_first_s = max(sum(len(e.tokens) for e in result.events) - 1, 0), max(seconds - prefill_s, 1e-9)
         run_s += past_first_s
         run_tokens += generated
@@ -331,4 +335,11 @@ def _prior_run(target, build, processing: Processing, prompts: Sequence[torch.Te
             "tau": stats.committed / stats.row_steps if stats.row_steps else 1.0,
             "verify_by_window": {n: tuple(v) for n, v in stats.verify_by_window.items()},
             "lengths": [length] * len(later), "draft_s": [e.draft_s for e in later],
-            "tokens_per_s": run_tokens / run_s if run_s else None, "tokens_per_s_by_prompt": by_prompt}
+            "tokens_per_s": run_tokens / run_s if run_s else None, "tokens_per_s_by_prompt": by_prompt,
+            "curve": mean_curve(curves) if curves else None}
+
+
+def mean_curve(curves: list[list[int]]) -> list[float]:
+    """Tokens committed after each step, averaged over runs (a run that has ended counts its total)."""
+    steps = max(map(len, curves))
+    return [round(sum(c[min(k, len(c) - 1)] for c in curves) / len(curves), 2) for k in range(steps)]

@@ -28,12 +28,13 @@ from specgen.modalities.runtime.transformers_adapter import measure_window_s
 from specgen.samplers.auto import Costs, nondecreasing
 from specgen.samplers.types import DecodeContext
 
-VERSION = 11  # 2: fastest of 5 timings, monotone in window size; 4: Jacobi priors over a whole image or clip; 5: image/
+VERSION = 12  # 2: fastest of 5 timings, monotone in window size; 4: Jacobi priors over a whole image or clip; 5: image/
 # video windows timed at half a request's context; 7: windows timed round-robin and fitted monotone (PAV), the int8
 # kernel reads the weights once for 7-12 rows; 8: the decode step's AVX2 tiles keep to registers (wide windows cost
 # a fifth of before there), and the key names the kernels' instruction set; 9: drafting's fixed cost and each verified
 # slot's cost as measured inside the loop; 10: the int8 kernel's rows in groups of one pass each (verification windows
-# of 5-24 slots on Gemma 3 270M a fifth to two fifths cheaper); 11: each candidate's speedup per calibration prompt
+# of 5-24 slots on Gemma 3 270M a fifth to two fifths cheaper); 11: each candidate's speedup per calibration prompt;
+# 12: a Jacobi window's tokens committed after each step of its run
 # a Jacobi window's run, one whole image or clip (at most this many tokens): its tokens per step grow as it settles
 STATEFUL_PRIOR_TOKENS = 2048
 PRIOR_TOKENS = 64  # tokens of each short run (one per calibration prompt) that measures a candidate's acceptance
@@ -210,7 +211,7 @@ def calibrate(key: dict, target, prompt: torch.Tensor, windows: Sequence[int], c
             fixed, per_token = _draft_cost(build(), prompt)
             record["draft_s"][name] = [fixed, per_token]
             run = run_prior(build)
-            record["prior"][name] = {k: run[k] for k in ("alpha", "alpha_at", "hit", "tau") if k in run}
+            record["prior"][name] = {k: run[k] for k in ("alpha", "alpha_at", "hit", "tau", "curve") if k in run}
             if run.get("tokens_per_s"):  # over plain decoding's step in the loop
                 plain_s = record["verify_s"]["1"] + record["overhead_s"]
                 record["prior"][name]["speedup"] = run["tokens_per_s"] * plain_s

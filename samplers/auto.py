@@ -104,6 +104,10 @@ class Candidate:
     # a drafter whose proposals improve as it keeps running (a Jacobi window settles): judged by its tokens per
     # step over the run, not by acceptance per position, which is low while the window is cold
     stateful: bool = False
+    # a stateful drafter's calibration run: tokens committed after each of its steps (mean over the calibration
+    # prompts). Its early steps commit about one token each while the window settles, so the request's steps are
+    # judged against the calibration's after as many steps, not against its whole-run tau
+    prior_curve: tuple[float, ...] | None = None
     # a drafter that runs no model and keeps no window (prompt lookup, the model-free trees): taking over costs it
     # no catch-up forward, so a switch to it needs only FREE_SWITCH of the margin
     model_free: bool = False
@@ -284,7 +288,7 @@ class AutoDrafter:
                 continue
             if cand.by_tau:
                 seen += est.committed - est.steps  # tokens beyond the one every step commits
-                expected += (self._prior_tau(cand) - 1.0) * est.steps
+                expected += self._prior_extra(cand, est.steps)
             else:
                 seen += sum(est.accepted_at)
                 expected += sum(t * a for t, a in zip(est.tested_at, self._profile(cand, len(est.tested_at))))
@@ -337,6 +341,37 @@ class AutoDrafter:
         cand, est = self.candidates[name], self.estimates[name]
         return (est.hits + self.weight * cand.prior_hit) / (est.steps + self.weight)
 
+    def _tau(self, name: str) -> float:
+        """Tokens per step predicted for the rest of the request (a tree, a Jacobi window): the prior's tokens beyond
+        one per step, scaled by how this request's steps compare with the prior's over as many steps (shrunk by
+        `weight` pseudo-steps at the other candidates' difficulty). A window's prior is its calibration run's rate
+        after as many steps as it has run here: a cold window commits about a token a step (images: 20 to 30 steps
+        of one token, then bursts of 8 to 14), and judged against the whole run's tau, auto left mc-sjd after 20
+        steps for plain decoding where mc-sjd alone ran 1.44x plain (0.88x on the demo's image example)."""
+        cand, est = self.candidates[name], self.estimates[name]
+        weight = self.weight * (4 if cand.stateful else 1)  # a window's steps vary more than a tree's
+        pseudo = weight * (self._prior_tau(cand) - 1.0)  # the prior's tokens beyond one a step, as evidence
+        if pseudo <= 0:
+            return (est.committed + weight) / (est.steps + weight)
+        ratio = (est.committed - est.steps + pseudo * self.difficulty(name)) / \
+            (self._prior_extra(cand, est.steps) + pseudo)
+        return 1.0 + (self._prior_rest(cand, est.steps) - 1.0) * max(ratio, 0.0)
+
+    def _prior_extra(self, cand: Candidate, steps: int) -> float:
+        """Tokens beyond one per step that the prior commits over its first `steps` steps."""
+        curve = cand.prior_curve
+        if not (cand.stateful and curve) or steps > len(curve):
+            return (self._prior_tau(cand) - 1.0) * steps
+        return (curve[steps - 1] if steps else 0.0) - steps
+
+    def _prior_rest(self, cand: Candidate, steps: int) -> float:
+        """The prior's tokens per step after its first `steps` steps (near or past the calibration run's end: its
+        tau)."""
+        curve = cand.prior_curve
+        if not (cand.stateful and curve) or steps >= len(curve) - 1:
+            return self._prior_tau(cand)
+        return (curve[-1] - (curve[steps - 1] if steps else 0.0)) / (len(curve) - steps)
+
     def expected_tokens(self, name: str, length: int, optimistic: bool = False) -> float:
         return self._expected_by_length(name, length, optimistic)[length]
 
@@ -348,9 +383,7 @@ class AutoDrafter:
         and the calibration's short runs see less of that than a long completion does)."""
         cand, est = self.candidates[name], self.estimates[name]
         if cand.by_tau:
-            prior = 1.0 + (self._prior_tau(cand) - 1.0) * self.difficulty(name)
-            weight = self.weight * (4 if cand.stateful else 1)  # a cold window's first steps undersell it
-            tau = (est.committed + weight * prior) / (est.steps + weight)
+            tau = self._tau(name)
             return [tau + (1.0 / math.sqrt(est.steps + 1) if optimistic else 0.0)] * (depth + 1)
         alphas = self.alphas(name, depth)
         if optimistic:
@@ -379,7 +412,8 @@ class AutoDrafter:
     def _step_costs(self, name: str, lengths, hit: float | None = None) -> list[float]:
         """step_cost at each of `lengths`, the request's timing ratios and hit rate read once (the decision asks for
         every length of every candidate after each step)."""
-        draft_ratio, verify_ratio = self._timing.get(name, _Timing()).ratios(self.TIMING_WEIGHT)
+        timing = self._timing.get(name)
+        draft_ratio, verify_ratio = timing.ratios(self.TIMING_WEIGHT) if timing else (1.0, self._verify_ratio())
         if name == PLAIN:
             return [verify_ratio * self._verify_cost(PLAIN, 0)] * len(lengths)
         cand = self.candidates[name]
@@ -394,6 +428,19 @@ class AutoDrafter:
         fixed = self._draft_cost(name, 0)
         per_token = self._draft_cost(name, 1) - fixed  # drafting is linear in the length
         return [draft_ratio * (fixed + per_token * g) + verify_ratio * v for g, v in zip(lengths, verify)]
+
+    def _verify_ratio(self) -> float:
+        """A candidate's verification ratio (measured over calibrated) before it has run: that of every timed step so
+        far. Verification is the target's forward whoever drafted, and a request's forwards run faster or slower than
+        the calibration's as a whole (another process's calibration, the machine's state): priced at the calibration
+        while the running drafter's steps read 1.26 times it, plain decoding looked a fifth cheaper than it was, and
+        auto left a Jacobi window on images that ran 1.4x plain decoding."""
+        pooled = _Timing()
+        for timing in self._timing.values():
+            pooled.verify_s += timing.verify_s
+            pooled.verify_predicted += timing.verify_predicted
+            pooled.steps += timing.steps
+        return pooled.ratios(self.TIMING_WEIGHT)[1]
 
     def _draft_cost(self, name: str, length: int) -> float:
         """Drafting `length` tokens on each of the batch's rows: the calibrated one-row cost times the rows (a small

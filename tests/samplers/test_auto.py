@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from specgen.samplers.acceptance import ChainRejection, GreedyMatch, TreeRejection
-from specgen.samplers.auto import PLAIN, AutoDrafter, AutoPolicy, AutoRule, Candidate, Costs, nondecreasing
+from specgen.samplers.auto import (PLAIN, AutoDrafter, AutoPolicy, AutoRule, Candidate, Costs, _Timing,
+                                   nondecreasing)
 from specgen.samplers.chisquare import goodness_of_fit
 from specgen.samplers.loop import generate, speculative_generate
 from specgen.samplers.oracle import (chain_proposals, max_abs_diff, outcomes, target_joint, target_probs_for,
@@ -106,6 +107,26 @@ def test_one_jacobi_window_is_not_left_for_another():
         assert auto.predictions()["b"]["predicted_speedup"] > 1.3 * auto.predictions()["a"]["predicted_speedup"]
         auto._decide()
         assert (auto.choice[0] == "b") == switched
+
+
+def test_a_jacobi_window_is_judged_against_its_calibration_after_as_many_steps():
+    """A window's calibration run committed one token a step for its first 30 steps, then 6 a step (a cold window
+    settling): a request at one token a step for 30 steps is where the calibration was and keeps the window, while
+    against the whole run's tau it would look a loser; at one token a step for 60 steps it is far behind and goes."""
+    costs = Costs({1: 1.0, 16: 2.5}, {"jacobi": (0.0, 0.0)})
+    curve = tuple(float(k + 1) if k < 30 else 30.0 + 6.0 * (k - 29) for k in range(66))  # 256 tokens in 66 steps
+    verdicts = {}
+    for with_curve in (True, False):
+        for steps in (30, 60):
+            window = Candidate("jacobi", None, None, (15,), stateful=True, prior_tau=curve[-1] / len(curve),
+                               prior_curve=curve if with_curve else None)
+            auto = AutoDrafter([window], costs, margin=0.1)
+            auto.choice, auto.step, auto._chosen_at = ("jacobi", 15), steps, 0
+            seen = auto.estimates["jacobi"]
+            seen.steps = seen.committed = seen.hits = steps
+            auto._decide()
+            verdicts[with_curve, steps] = auto.choice[0]
+    assert verdicts == {(True, 30): "jacobi", (True, 60): PLAIN, (False, 30): PLAIN, (False, 60): PLAIN}
 
 
 def test_cheap_verification_picks_the_length_of_the_formula():
@@ -346,6 +367,21 @@ def test_acceptance_by_position_follows_the_calibrated_profile():
     alphas = auto.alphas("a", 6)
     assert alphas == sorted(alphas) and alphas[2] > 0.6
     assert alphas[2] < 0.9  # but lower than before
+
+
+def test_a_candidate_not_yet_timed_verifies_at_the_timed_steps_ratio():
+    """Verification is the target's forward whoever drafted: where the running drafter's verifications read 1.5 times
+    the calibration, plain decoding and the other candidates are priced at 1.5 times theirs too (shrunk towards the
+    calibration by TIMING_WEIGHT pseudo-steps), not at the calibration."""
+    costs = Costs({1: 1.0, 2: 1.15, 3: 1.3, 4: 1.45}, {"cold": (0.0, 0.05), "hot": (0.0, 0.05)})
+    auto = AutoDrafter(candidates()[:2], costs)
+    assert auto.step_cost(PLAIN, 0) == pytest.approx(1.0)
+    steps = 30
+    timing = auto._timing.setdefault("cold", _Timing())
+    timing.verify_predicted, timing.verify_s, timing.steps = steps * 1.3, steps * 1.3 * 1.5, steps
+    ratio = (1.5 * steps + auto.TIMING_WEIGHT) / (steps + auto.TIMING_WEIGHT)
+    assert auto.step_cost(PLAIN, 0) == pytest.approx(ratio)
+    assert auto.step_cost("hot", 2) == pytest.approx(costs.draft("hot", 2) + ratio * costs.verify(3))
 
 
 def test_timed_steps_correct_the_calibrated_costs():
