@@ -163,9 +163,14 @@ class _Estimate:
                 self.drafted_at[d] += 1
 
     def tried_at(self, depth: int) -> list[int]:
-        """Per position 1..depth, the steps whose draft reached it (at least the steps it was tested in)."""
-        return [max(self.tested_at[d] if d < len(self.tested_at) else 0,
-                    self.drafted_at[d] if d < len(self.drafted_at) else 0) for d in range(depth)]
+        """Per position 1..depth, the steps whose draft reached it (never fewer than tested it: a tested position
+        was drafted)."""
+        return (self.drafted_at + [0] * max(depth - len(self.drafted_at), 0))[:depth]
+
+
+def _committed_after(curve: tuple[float, ...], steps: int) -> float:
+    """Tokens a calibration run had committed after its first `steps` steps (`curve`: after each step)."""
+    return curve[steps - 1] if steps else 0.0
 
 
 class AutoDrafter:
@@ -360,17 +365,17 @@ class AutoDrafter:
     def _prior_extra(self, cand: Candidate, steps: int) -> float:
         """Tokens beyond one per step that the prior commits over its first `steps` steps."""
         curve = cand.prior_curve
-        if not (cand.stateful and curve) or steps > len(curve):
+        if not curve or steps > len(curve):
             return (self._prior_tau(cand) - 1.0) * steps
-        return (curve[steps - 1] if steps else 0.0) - steps
+        return _committed_after(curve, steps) - steps
 
     def _prior_rest(self, cand: Candidate, steps: int) -> float:
         """The prior's tokens per step after its first `steps` steps (near or past the calibration run's end: its
         tau)."""
         curve = cand.prior_curve
-        if not (cand.stateful and curve) or steps >= len(curve) - 1:
+        if not curve or steps >= len(curve) - 1:
             return self._prior_tau(cand)
-        return (curve[-1] - (curve[steps - 1] if steps else 0.0)) / (len(curve) - steps)
+        return (curve[-1] - _committed_after(curve, steps)) / (len(curve) - steps)
 
     def expected_tokens(self, name: str, length: int, optimistic: bool = False) -> float:
         return self._expected_by_length(name, length, optimistic)[length]
