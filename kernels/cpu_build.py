@@ -1,8 +1,10 @@
 """One build helper for the C++ CPU kernels, whose sources are real files in kernels/csrc/.
 
-`build` compiles the named files (concatenated in order, headers from csrc/ on the include path) into a torch
-extension once per machine: the module name hashes the sources, the headers and the compile flags, so torch's
-extension cache rebuilds exactly when one of them changes. Where the CPU lacks AVX2/FMA, no compiler or ninja is
+`build` compiles the named files (concatenated in order, csrc/'s headers written in where they are first included)
+into a torch extension once per machine: the module name hashes that text and the compile flags, so torch's
+extension cache rebuilds exactly when one of them changes. Nothing names the folder the sources came from, so an
+installed wheel and a checkout share one build (with csrc/ on the include path, torch saw the other's build as
+changed and rebuilt it each time either ran, a minute each). Where the CPU lacks AVX2/FMA, no compiler or ninja is
 found, or the kernel's switch setting is "off", it returns None and the caller keeps its torch path.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import platform
+import re
 import shutil
 import time
 from pathlib import Path
@@ -47,16 +50,29 @@ def buildable() -> bool:
     return {"avx2", "fma"} <= cpu_flags() and shutil.which("c++") is not None and shutil.which("ninja") is not None
 
 
+LOCAL_INCLUDE = re.compile(r'^#include "([^"]+)".*$', re.MULTILINE)
+
+
 def source(*files: str) -> str:
-    """The named csrc/ files, concatenated in order (one translation unit)."""
-    return "".join((CSRC / name).read_text(encoding="utf-8") for name in files)
+    """The named csrc/ files, concatenated in order (one translation unit), each csrc/ header written in at its
+    first `#include "..."` (its `#pragma once` dropped) and left out at later ones."""
+    seen: set[str] = set()
+
+    def header(match: re.Match) -> str:
+        name = match.group(1)
+        if name in seen:
+            return f"// {name}: written in above"
+        seen.add(name)
+        text = (CSRC / name).read_text(encoding="utf-8")
+        return re.sub(r"^#pragma once\n", "", text, flags=re.MULTILINE)
+
+    return "".join(LOCAL_INCLUDE.sub(header, (CSRC / name).read_text(encoding="utf-8")) for name in files)
 
 
 def extension_name(prefix: str, text: str, flags: list[str]) -> str:
-    """`prefix` and a hash of the source `text`, the headers and the compile `flags`: a new name, so a new build,
-    when one changes."""
-    headers = "".join(h.read_text(encoding="utf-8") for h in sorted(CSRC.glob("*.h")))
-    return prefix + hashlib.sha256((text + headers + " ".join(flags)).encode()).hexdigest()[:12]
+    """`prefix` and a hash of the source `text` (headers written in) and the compile `flags`: a new name, so a new
+    build, when one changes."""
+    return prefix + hashlib.sha256((text + " ".join(flags)).encode()).hexdigest()[:12]
 
 
 def build_dir(name: str) -> Path | None:
@@ -100,8 +116,7 @@ def build(prefix: str, files: tuple[str, ...], functions: list[str], switch: str
         if folder is not None:
             clear_stale_lock(folder)
         log.info("building the %s CPU kernel once (about 30 s)", what)
-        return load_inline(name, cpp_sources=text, functions=functions, extra_cflags=flags,
-                           extra_include_paths=[str(CSRC)], verbose=False)
+        return load_inline(name, cpp_sources=text, functions=functions, extra_cflags=flags, verbose=False)
     except Exception as exc:  # noqa: BLE001 - any build failure means: use the fallback
         log.warning("%s CPU kernel unavailable (%s); %s", what, str(exc).splitlines()[0], fallback)
         return None

@@ -61,6 +61,29 @@ def pytest_configure(config):
         os.environ["SPECGEN_TEST_RUN_FOLDER"] = tempfile.mkdtemp(prefix="specgen-tests-")
 
 
+# Files that run for minutes, longest first: two workers finish together only when the long files start early.
+# pytest-xdist hands out files in collection order (`--no-loadscope-reorder`); its own order, most tests first, left
+# these few-test files to the end, where the browser test's timed clicks then ran with the other worker idle (its
+# set-up builds and converts beside other tests, but times alone).
+LONG_FILES = ("app/test_browser_defaults.py", "packaging/test_readme_examples.py", "app/test_serve_replicas.py",
+              "app/test_ui.py", "app/test_batch.py", "app/test_serve_bench.py", "packaging/test_wheel.py",
+              "app/test_serve.py", "modalities/test_image_lantern.py", "app/test_bench_image.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Long files first (LONG_FILES), then the others by their number of tests, most first; a file's tests keep
+    their order. Every worker sorts its identical collection alike, as pytest-xdist requires."""
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    files = [os.path.relpath(str(item.path), tests_dir).replace(os.sep, "/") for item in items]
+    counts = {name: files.count(name) for name in set(files)}
+
+    def rank(index: int):
+        name = files[index]
+        return (LONG_FILES.index(name) if name in LONG_FILES else len(LONG_FILES), -counts[name], name, index)
+
+    items[:] = [items[i] for i in sorted(range(len(items)), key=rank)]
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     if item.get_closest_marker("timed") is not None:

@@ -39,6 +39,7 @@ def page(tmp_path_factory, cpu_alone):
 
     holders = dict(text_models=TextModels(), image_models=ImageModels(), speech_models=SpeechModels(),
                    video_models=ImageModels(video=True))
+    _build_ahead()
     with cpu_alone():  # warming calibrates `auto` for this machine: with another test beside it, costs read wrong
         for holder in holders.values():  # what `specgen demo` does: load and warm before the first click
             holder.get()
@@ -51,6 +52,20 @@ def page(tmp_path_factory, cpu_alone):
                 yield page
             finally:
                 browser.close()
+
+
+def _build_ahead() -> None:
+    """What a first use builds and measures nothing by (Gemma's conversion, about two minutes, where the gemma extra
+    is installed; the C++ kernels on a fresh machine, about a minute each), done while other tests run beside it:
+    under `cpu_alone` the other worker would wait idle through it."""
+    from specgen.kernels import decode_step, gemma_layer, int8_rows, query_attention
+    from specgen.modalities.text import gemma
+    from specgen.modalities.text.generator import default_models
+
+    for kernel in (decode_step, gemma_layer, int8_rows, query_attention):
+        kernel.available()
+    if default_models()[0] == gemma.ALIAS:
+        gemma.resolve()
 
 
 def measured(page, tab: str, title: str) -> tuple[float, bool]:

@@ -41,3 +41,14 @@ def test_a_kernel_loads_past_a_lock_a_killed_build_left(tmp_path):
             lock.unlink()
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-1] == "True" and "stale build lock" in out.stderr
+
+
+def test_sources_name_no_folder_so_a_wheel_and_a_checkout_share_one_build():
+    """csrc/'s headers are written into the source (once, however many files include them), and no include path is
+    passed: torch rebuilds an extension whose build arguments changed, so an installed wheel's kernels (csrc/ in
+    site-packages) and the checkout's would otherwise rebuild each other on every alternate run."""
+    text = cpu_build.source("int8_rows.cpp", "gemma_glue.cpp", "decode_step.cpp")
+    assert '#include "' not in text and "#pragma once" not in text
+    header = (cpu_build.CSRC / "row_norm.h").read_text().replace("#pragma once\n", "")
+    assert text.count(header) == 1
+    assert str(cpu_build.CSRC) not in text
