@@ -10,6 +10,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import collections  # noqa: E402
 import contextlib  # noqa: E402
 import fcntl  # noqa: E402
 import tempfile  # noqa: E402
@@ -75,7 +76,7 @@ def pytest_collection_modifyitems(session, config, items):
     their order. Every worker sorts its identical collection alike, as pytest-xdist requires."""
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     files = [os.path.relpath(str(item.path), tests_dir).replace(os.sep, "/") for item in items]
-    counts = {name: files.count(name) for name in set(files)}
+    counts = collections.Counter(files)
 
     def rank(index: int):
         name = files[index]
