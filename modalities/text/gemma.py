@@ -15,6 +15,7 @@ model) whose linear layers are `Int8Linear`s.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
@@ -88,10 +89,40 @@ def resolve(log=None) -> Path:
     """The served folder for the alias `gemma`, converting on first use; `log(message)` receives the
     conversion's progress lines (default: stderr)."""
     folder = served_dir()
-    if not is_served(folder) or _format(folder) != SERVED_FORMAT:  # absent, or packed by an older version
-        require_extra()
-        convert(folder, log=log)
+    if _current(folder):
+        return folder
+    require_extra()
+    with _converting(folder, log):  # two first uses at once (the demo and a CLI run): one converts, the other waits
+        if not _current(folder):
+            convert(folder, log=log)
     return folder
+
+
+def _current(folder: Path) -> bool:
+    """Converted, and by this version's packing (an older format is converted again)."""
+    return is_served(folder) and _format(folder) == SERVED_FORMAT
+
+
+@contextlib.contextmanager
+def _converting(folder: Path, log):
+    """An exclusive lock on `<folder>.lock` while converting: `convert` works in a fixed `<folder>.partial`, so two
+    at once would delete each other's work. The kernel drops the lock of a process that dies, so none goes stale."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): convert unguarded
+        yield
+        return
+    with open(folder.with_name(folder.name + ".lock"), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _say(log, f"Another process is converting Gemma 3 270M into {folder}: waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _format(folder: Path) -> str | None:

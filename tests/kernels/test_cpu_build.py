@@ -26,7 +26,11 @@ def test_only_an_old_lock_is_removed(tmp_path):
 @pytest.mark.skipif(not cpu_build.buildable(), reason="no C++ compiler/ninja or no AVX2/FMA here")
 def test_a_kernel_loads_past_a_lock_a_killed_build_left(tmp_path):
     """The folder torch builds the attention kernel in gets a day-old lock; a new process still loads the kernel
-    (before the fix it waited forever, which hung test collection)."""
+    (before the fix it waited forever, which hung test collection). The kernel is built first, here: a lock planted
+    while another process builds it would be that build's own, and removing it would start a second build beside it."""
+    from specgen.kernels import query_attention
+
+    assert query_attention.available()
     name = cpu_build.extension_name("specgen_query_attention_", cpu_build.source("query_attention.cpp"),
                                     cpu_build.compile_flags())
     lock = cpu_build.build_dir(name) / "lock"

@@ -208,6 +208,39 @@ def test_the_gemma_alias_serves_the_converted_folder(tmp_path, monkeypatch):
     assert spec.tokens == plain.tokens and len(plain.tokens) > 0
 
 
+# A first use in each of two processes at once: the conversion (here a tiny model saved slowly, standing in for the
+# real 1-2 minute one) runs in one; the other waits for it and serves its folder.
+FIRST_USE = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from specgen.modalities.text import gemma
+from tiny_models import save_tiny_gemma_served
+gemma.extra_installed = lambda: True
+def convert(destination, log=None):
+    print("converting", flush=True)
+    time.sleep(3)
+    save_tiny_gemma_served(destination, seed=5)
+gemma.convert = convert
+print(gemma.resolve(), gemma.load_served(gemma.served_dir()).config.vocab_size)
+"""
+
+
+def test_two_first_uses_at_once_convert_once(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "SPECGEN_HOME": str(tmp_path / "home")}
+    code = FIRST_USE.format(tests=str(Path(__file__).resolve().parents[1]))
+    runs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for _ in range(2)]
+    outs = [run.communicate(timeout=300) for run in runs]
+    assert all(run.returncode == 0 for run in runs), [err[-2000:] for _, err in outs]
+    assert sum(out.count("converting") for out, _ in outs) == 1
+    assert sum("waiting for it" in err for _, err in outs) == 1
+    assert len({out.splitlines()[-1] for out, _ in outs}) == 1  # the same folder, loaded by both
+
+
 def test_gemma_without_the_extra_is_one_clear_error(tmp_path, monkeypatch, capsys):
     from specgen.app.cli import main
     from specgen.modalities.text.generator import TextGenerator, default_models
