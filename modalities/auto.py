@@ -240,7 +240,10 @@ def calibrated(generator, target, processing: Processing, prompt: torch.Tensor, 
                key: dict, record: dict | None, quiet: bool = False, rows: int = 1):
     """(Costs, priors by candidate) from the cached `record` (`usable_record(key)`), measuring what it lacks: for a
     batch of `rows` rows also the windows as wide as the batch's steps (`batch_windows`)."""
-    windows = set(calibration.WINDOWS)
+    # Jacobi windows alone (image and video models) need plain decoding's step and their own widths: the chain
+    # lengths' windows between were half of a clip model's calibration (30 of 58 s), at 1,000-token contexts
+    stateful = all(candidate.stateful for candidate in candidates)
+    windows = {1} if stateful else set(calibration.WINDOWS)
     for candidate in candidates:
         windows.add(candidate.nodes + 1 if candidate.is_tree else max(candidate.lengths) + 1)
     windows |= calibration.batch_windows(rows, max(windows))

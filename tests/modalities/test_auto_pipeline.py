@@ -8,7 +8,7 @@ import torch
 from tiny_models import save_tiny_image_model, save_tiny_pair, save_tiny_speech_models
 
 from specgen.errors import InvalidRequest
-from specgen.modalities import calibration
+from specgen.modalities import auto as auto_pipeline, calibration
 from specgen.modalities.text.generator import TextGenerator
 from specgen.samplers import registry
 
@@ -213,6 +213,9 @@ def test_image_auto_equals_plain_greedy(tmp_path):
     # which Jacobi variants are offered depends on their measured calibration speeds (the race): at least one is
     offered = set(auto.stats["auto"]["initial"]["predicted"]) - {"ar"}
     assert offered and offered <= {"sjd", "mc-sjd", "gumbel-sjd"}
+    # Jacobi windows alone: plain decoding's step and the windows' own widths are timed, no chain lengths between
+    record = calibration.load(calibration.machine_key("image", auto_pipeline.calibration_paths(generator)))
+    assert "1" in record["verify_s"] and not {"2", "3", "5", "8", "10", "13"} & set(record["verify_s"])
 
 
 def test_speech_auto_equals_plain_greedy(tmp_path):
