@@ -5,7 +5,7 @@ The cache lives in `$SPECGEN_HOME/calibration/<key>.json`, keyed by the CPU mode
 set (AVX2 or AVX-512), the torch thread count, the torch version, the modality and a hash of the model files (name,
 size, modification time of every file of the target and of its draft or head), so a new machine, thread count,
 torch or checkpoint is measured afresh and anything else is reused. A candidate missing from a cached record (a
-drafter added since) is measured and added; a record measured while other work shared the CPU (`machine_busy`) is
+drafter added since) is measured and added; a record measured while other work shared the CPU (`Contention`) is
 measured again by the first request that finds the machine quiet. `specgen calibrate` measures ahead of time;
 otherwise the first `auto` request does, with a progress bar on stderr.
 """
@@ -162,14 +162,58 @@ class Progress:
             self.bar.close()
 
 
-BUSY_MARGIN = 0.5  # the 1-minute load average beyond this process's threads that marks the machine busy
+BUSY_MARGIN = 0.5  # threads running beside this process's own, on average, that mark the machine busy
+PROC_STAT = "/proc/stat"
 
 
-def machine_busy() -> bool:
-    """Whether other work shares the CPU now: the 1-minute load average exceeds this process's torch threads by
-    BUSY_MARGIN. Costs measured then are the load's: on this machine, with a training run on the other core, the
-    speech target's step timed 0.55 ms against 0.41 ms on a quiet machine while its draft's barely moved, and `auto`
-    kept plain decoding for every speech request though `sd` ran 1.2 times as fast."""
+def others_running() -> int | None:
+    """Threads running on the machine now beyond this process's torch threads (`procs_running` in /proc/stat counts
+    the reading thread itself); None where the kernel does not say."""
+    try:
+        with open(PROC_STAT) as stat:
+            for line in stat:
+                if line.startswith("procs_running"):
+                    return max(int(line.split()[1]) - torch.get_num_threads(), 0)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+class Contention:
+    """What ran beside a calibration, sampled between its timings. Costs measured beside other work are that work's:
+    on this machine, with a training run on the other core, the speech target's step timed 0.55 ms against 0.41 ms on
+    a quiet machine while its draft's barely moved, and `auto` kept plain decoding for every speech request though
+    `sd` ran 1.2 times as fast. The 1-minute load average, which this once read, trails by a minute: a calibration run
+    alone right after two busy cores (the demo's warm-up in the test suite, its other worker held back) read busy, and
+    the demo's first click measured Gemma again (55 s) beside the browser."""
+
+    def __init__(self):
+        self.samples: list[int] = []
+
+    def sample(self) -> None:
+        others = others_running()
+        if others is not None:
+            self.samples.append(others)
+
+    def busy(self) -> bool:
+        if not self.samples:  # no /proc/stat here: the load average is all there is to go by
+            return load_busy()
+        return sum(self.samples) / len(self.samples) > BUSY_MARGIN
+
+
+def machine_busy(samples: int = 20, interval_s: float = 0.005) -> bool:
+    """Whether other work shares the CPU now (`samples` readings `interval_s` apart, about 0.1 s)."""
+    contention = Contention()
+    for i in range(samples):
+        contention.sample()
+        if not contention.samples:
+            break
+        time.sleep(interval_s)
+    return contention.busy()
+
+
+def load_busy() -> bool:
+    """The 1-minute load average exceeds this process's torch threads by BUSY_MARGIN."""
     try:
         load = os.getloadavg()[0]
     except OSError:  # no load average on this platform: nothing to go by
@@ -183,7 +227,7 @@ def calibrate(key: dict, target, prompt: torch.Tensor, windows: Sequence[int], c
     candidate (name -> a function building a fresh `Candidate`) its drafting cost and its acceptance on short runs
     (`run_prior(build)` -> a dict of acceptance and step timings), whose timings then set the drafting cost's fixed
     part and each verified slot's cost inside the loop."""
-    started, busy = time.perf_counter(), machine_busy()
+    started, contention = time.perf_counter(), Contention()
     record = record or {"key": key, "verify_s": {}, "draft_s": {}, "prior": {}}
     todo_windows = [n for n in windows if str(n) not in record["verify_s"]]
     todo = [name for name in candidates if name not in record["draft_s"]]
@@ -198,6 +242,7 @@ def calibrate(key: dict, target, prompt: torch.Tensor, windows: Sequence[int], c
         samples: dict[int, list[float]] = {n: [] for n in todo_windows}
         for round_ in range(rounds):
             for n in todo_windows:
+                contention.sample()
                 samples[n].append(measure_window_s(target, prompt, n, 1))
             progress.update(f"windows, round {round_ + 1} of {rounds}")
         for n, times in samples.items():
@@ -208,9 +253,12 @@ def calibrate(key: dict, target, prompt: torch.Tensor, windows: Sequence[int], c
         run_windows: list[tuple[int, float, int]] = []  # (n, seconds, steps) of verification in the runs
         for name in todo:
             build = candidates[name] if processing is None else lambda name=name: candidates[name](processing)
+            contention.sample()
             fixed, per_token = _draft_cost(build(), prompt)
             record["draft_s"][name] = [fixed, per_token]
+            contention.sample()
             run = run_prior(build)
+            contention.sample()
             record["prior"][name] = {k: run[k] for k in ("alpha", "alpha_at", "hit", "tau", "curve") if k in run}
             if run.get("tokens_per_s"):  # over plain decoding's step in the loop
                 plain_s = record["verify_s"]["1"] + record["overhead_s"]
@@ -224,7 +272,7 @@ def calibrate(key: dict, target, prompt: torch.Tensor, windows: Sequence[int], c
     finally:
         progress.close()
     # measured (or partly measured) while other work shared the CPU: measured again once the machine is quiet
-    record["busy"] = bool(record.get("busy")) or busy or machine_busy()
+    record["busy"] = bool(record.get("busy")) or contention.busy()
     record["seconds"] = round(record.get("seconds", 0.0) + time.perf_counter() - started, 2)
     record["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return record

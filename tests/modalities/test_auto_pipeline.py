@@ -74,16 +74,36 @@ def test_a_calibration_measured_under_load_is_measured_again_on_a_quiet_machine(
     measured = []
     calibrate = calibration.calibrate
     monkeypatch.setattr(calibration, "calibrate", lambda *a, **k: measured.append(1) or calibrate(*a, **k))
-    monkeypatch.setattr(calibration, "machine_busy", lambda: True)
+    monkeypatch.setattr(calibration, "others_running", lambda: 1)  # another process beside it throughout
     generator.generate("abc", max_new_tokens=3)
     generator.generate("abc", max_new_tokens=3)  # still busy: reused, however it was measured
     assert len(measured) == 1 and calibration.load(key)["busy"] is True
     listed = [r for r in calibration.cached_records() if r["file"] == str(calibration.cache_path(key))]
     assert [r["busy"] for r in listed] == [True]  # `specgen info` says so
-    monkeypatch.setattr(calibration, "machine_busy", lambda: False)
+    monkeypatch.setattr(calibration, "others_running", lambda: 0)
     generator.generate("abc", max_new_tokens=3)  # quiet now: measured again, and kept
     generator.generate("abc", max_new_tokens=3)
     assert len(measured) == 2 and calibration.load(key)["busy"] is False
+
+
+def test_contention_is_read_while_measuring_not_from_the_trailing_load_average(tmp_path, monkeypatch):
+    """A calibration alone on the machine is quiet even where the 1-minute load average still reads the work before
+    it; another process running beside most of its timings marks it busy; with no /proc/stat, the load average."""
+    monkeypatch.setattr(calibration.os, "getloadavg", lambda: (5.0, 5.0, 5.0))
+    stat = tmp_path / "stat"
+    monkeypatch.setattr(calibration, "PROC_STAT", str(stat))
+    running = torch.get_num_threads()  # this process's own threads only
+    stat.write_text(f"cpu  1 2 3 4\nprocs_running {running}\nprocs_blocked 0\n")
+    assert calibration.others_running() == 0 and calibration.machine_busy() is False
+    stat.write_text(f"procs_running {running + 1}\n")
+    assert calibration.others_running() == 1 and calibration.machine_busy() is True
+    contention = calibration.Contention()
+    for others in (0, 0, 1, 0):  # a burst beside one timing in four
+        stat.write_text(f"procs_running {running + others}\n")
+        contention.sample()
+    assert contention.busy() is False
+    stat.unlink()
+    assert calibration.others_running() is None and calibration.machine_busy() is True  # the load average, 5.0
 
 
 def test_a_request_does_not_time_plain_decoding_again(pair, monkeypatch):
