@@ -204,11 +204,12 @@ class Contention:
 def machine_busy(samples: int = 20, interval_s: float = 0.005) -> bool:
     """Whether other work shares the CPU now (`samples` readings `interval_s` apart, about 0.1 s)."""
     contention = Contention()
-    for i in range(samples):
+    for index in range(samples):
+        if index:
+            time.sleep(interval_s)
         contention.sample()
-        if not contention.samples:
+        if not contention.samples:  # no /proc/stat: `busy` reads the load average
             break
-        time.sleep(interval_s)
     return contention.busy()
 
 

@@ -11,7 +11,7 @@ def conversion_progress(line: str) -> str:
 
     found = re.match(r"\[(\d+)/(\d+)\]\s*(.*)", line)
     if not found:
-        return "first-time conversion of Gemma 3 270M (about 1-2 minutes)" if line.startswith("Converting") else line
+        return "first-time conversion of Gemma 3 270M (about a minute)" if line.startswith("Converting") else line
     done, total, what = int(found[1]) - 1, int(found[2]), found[3]
     return f"first-time conversion `{'█' * done}{'░' * (total - done)}` step {done + 1} of {total}: {what}"
 

@@ -55,7 +55,7 @@ def page(tmp_path_factory, cpu_alone):
 
 
 def _build_ahead() -> None:
-    """What a first use builds and measures nothing by (Gemma's conversion, about two minutes, where the gemma extra
+    """What a first use builds and measures nothing by (Gemma's conversion, about a minute, where the gemma extra
     is installed; the C++ kernels on a fresh machine, about a minute each), done while other tests run beside it:
     under `cpu_alone` the other worker would wait idle through it."""
     from specgen.kernels import decode_step, gemma_layer, int8_rows, query_attention

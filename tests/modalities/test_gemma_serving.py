@@ -209,7 +209,7 @@ def test_the_gemma_alias_serves_the_converted_folder(tmp_path, monkeypatch):
 
 
 # A first use in each of two processes at once: the conversion (here a tiny model saved slowly, standing in for the
-# real 1-2 minute one) runs in one; the other waits for it and serves its folder.
+# real one, about a minute) runs in one; the other waits for it and serves its folder.
 FIRST_USE = """
 import sys, time
 sys.path.insert(0, {tests!r})
@@ -239,6 +239,35 @@ def test_two_first_uses_at_once_convert_once(tmp_path):
     assert sum(out.count("converting") for out, _ in outs) == 1
     assert sum("waiting for it" in err for _, err in outs) == 1
     assert len({out.splitlines()[-1] for out, _ in outs}) == 1  # the same folder, loaded by both
+
+
+def test_a_conversion_parses_each_gguf_once(tmp_path, monkeypatch):
+    """transformers builds a `GGUFReader` for the tokenizer, the config and the weights; a parse of Gemma's vocabulary
+    takes 20-25 s, so while converting every caller gets the one reader of the file."""
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_array("tokenizer.ggml.tokens", ["<s>", "a", "b"])
+    writer.add_tensor("w", torch.arange(6, dtype=torch.float32).reshape(2, 3).numpy())
+    for write in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file):
+        write()
+    writer.close()
+    parses = []
+
+    class Counting(gguf.GGUFReader):
+        def __init__(self, *args, **kwargs):
+            parses.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counting)
+    with gemma._one_reader_per_file():
+        first, again = gguf.GGUFReader(path), gguf.GGUFReader(str(tmp_path / "." / "tiny.gguf"))
+        assert first is again and len(parses) == 1
+        assert [bytes(first.fields["tokenizer.ggml.tokens"].parts[i]).decode()
+                for i in first.fields["tokenizer.ggml.tokens"].data] == ["<s>", "a", "b"]
+        assert first.tensors[0].data.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    assert gguf.GGUFReader is Counting  # restored: later readers parse afresh
+    assert gguf.GGUFReader(path) is not first and len(parses) == 2
 
 
 def test_gemma_without_the_extra_is_one_clear_error(tmp_path, monkeypatch, capsys):

@@ -3,7 +3,7 @@
 Each section between a pair of `<!-- NAME -->` markers runs as one script (its Python blocks in order, as a reader
 would paste them into one session) in a fresh interpreter, in an empty folder, offline, with a fresh SPECGEN_HOME.
 `TextGenerator()` serves Gemma 3 270M when the gemma extra is installed, and the first use converts it into
-SPECGEN_HOME (1-2 minutes). As the other real-Gemma tests do, the examples then run on Gemma only with
+SPECGEN_HOME (about a minute). As the other real-Gemma tests do, the examples then run on Gemma only with
 SPECGEN_GEMMA_TESTS=1; otherwise the script starts by hiding the extra, so `TextGenerator()` takes the shipped code
 pair, as on an install without the extra. The example code itself is never changed.
 """
