@@ -28,13 +28,14 @@ from specgen.modalities.runtime.transformers_adapter import measure_window_s
 from specgen.samplers.auto import Costs, nondecreasing
 from specgen.samplers.types import DecodeContext
 
-VERSION = 12  # 2: fastest of 5 timings, monotone in window size; 4: Jacobi priors over a whole image or clip; 5: image/
+VERSION = 13  # 2: fastest of 5 timings, monotone in window size; 4: Jacobi priors over a whole image or clip; 5: image/
 # video windows timed at half a request's context; 7: windows timed round-robin and fitted monotone (PAV), the int8
 # kernel reads the weights once for 7-12 rows; 8: the decode step's AVX2 tiles keep to registers (wide windows cost
 # a fifth of before there), and the key names the kernels' instruction set; 9: drafting's fixed cost and each verified
 # slot's cost as measured inside the loop; 10: the int8 kernel's rows in groups of one pass each (verification windows
 # of 5-24 slots on Gemma 3 270M a fifth to two fifths cheaper); 11: each candidate's speedup per calibration prompt;
-# 12: a Jacobi window's tokens committed after each step of its run
+# 12: a Jacobi window's tokens committed after each step of its run; 13: speech priors from the model's example and
+# calibration sentences (before, from the first request's alone)
 # a Jacobi window's run, one whole image or clip (at most this many tokens): its tokens per step grow as it settles
 STATEFUL_PRIOR_TOKENS = 2048
 PRIOR_TOKENS = 64  # tokens of each short run (one per calibration prompt) that measures a candidate's acceptance

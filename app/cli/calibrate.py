@@ -73,7 +73,8 @@ def _generator(args):
         return ImageGenerator(args.model, threads=args.threads, video=args.modality == "video"), "red K on blue"
     from specgen.modalities.speech.generator import SpeechGenerator
 
-    return SpeechGenerator(args.model, args.draft, threads=args.threads), "hello there"
+    generator = SpeechGenerator(args.model, args.draft, threads=args.threads)
+    return generator, generator.example_prompt
 
 
 def _pipeline(generator, prompt: str):

@@ -12,12 +12,12 @@ from specgen.app.ui.widgets import (COMPARING_NOTE, PLAIN_NOTE, LiveStats, accep
                                     check_option, compare_with_plain, jsonable, method_params, option_widget,
                                     run_controls, shown_in_ui, stats_json, stats_markdown, timed)
 from specgen.errors import SpecgenError
+from specgen.modalities.speech.models import EXAMPLE_TEXT
 from specgen.samplers import registry
 
 OPTIONS = ("temperature", "seed")  # the request options the tab shows besides the voice, in this order
 
 
-EXAMPLE_TEXT = "The quick brown fox jumps over the lazy dog."  # the tab's first text
 UPDATE_S = 0.25  # at most this often a live update of the statistics
 
 

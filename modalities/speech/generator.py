@@ -26,8 +26,8 @@ from specgen.errors import InvalidRequest, VocabularyMismatch
 from specgen.modalities.drafters.model import ModelDrafter
 from specgen.modalities.speech.codec import AcousticCodec
 from specgen.modalities.speech.groups import check_theta, load_or_build_groups
-from specgen.modalities.speech.models import (DEFAULT_VOICE, SpeechVocab, default_paths, load_speech_lm,
-                                              load_speech_vocab)
+from specgen.modalities.speech.models import (CALIBRATION_TEXTS, DEFAULT_VOICE, EXAMPLE_TEXT, SpeechVocab,
+                                              default_paths, load_speech_lm, load_speech_vocab)
 from specgen.modalities.pipeline import Generator
 from specgen.modalities.runtime.transformers_adapter import TransformersTarget, measure_window_s
 from specgen.samplers.acceptance import make_rule
@@ -114,6 +114,7 @@ class SpeechResult:
 
 class SpeechGenerator(Generator):
     modality = "speech"
+    example_prompt = EXAMPLE_TEXT  # the demo's first text, and the request `auto`'s calibration times windows after
 
     def __init__(self, model: str | Path | None = None, draft: str | Path | None = None,
                  codec: str | Path | None = None, *, threads: int | None = 1, dtype: torch.dtype = torch.float32):
@@ -129,6 +130,14 @@ class SpeechGenerator(Generator):
         self._draft_model = None
         self._codec = None
         self._groups: dict[float, TokenGroups] = {}  # PCG's groups per theta
+
+    def encode(self, text: str) -> torch.Tensor:
+        """The prompt of `text` in the default voice."""
+        return self.vocab.prompt_ids(text, DEFAULT_VOICE)
+
+    def calibration_prompts(self) -> list[str]:
+        """The texts `auto`'s calibration measures each candidate's acceptance from."""
+        return [self.example_prompt, *CALIBRATION_TEXTS]
 
     @property
     def codec(self) -> AcousticCodec:

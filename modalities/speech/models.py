@@ -30,6 +30,14 @@ UNITS = ("characters", "phonemes")  # what the text is read as (`phonemes.py` fo
 MAX_POSITIONS = 1024
 MAX_TEXT_CHARS = 200
 DEFAULT_VOICE = "slt"
+# The model's example request (the demo's first text), and with it the sentences `auto`'s calibration measures each
+# candidate on, none of them a bench prompt: a short run from each, so a candidate's acceptance and measured speedup
+# rest neither on one sentence nor on whichever request came first (one run of `sd` read 0.98-1.02x plain decoding
+# where it runs 1.1-1.3x on most sentences, and auto then decoded every speech request plainly)
+EXAMPLE_TEXT = "The quick brown fox jumps over the lazy dog."
+CALIBRATION_TEXTS = ("She opened the window, and the cold air filled the room.",
+                     "Please call me back when you get this message.",
+                     "Seven tired sailors rowed slowly toward the harbour lights.")
 # role -> LlamaConfig fields (untied heads: the input table mixes characters and acoustic tokens).
 ARCHITECTURES = {
     "target": dict(hidden_size=256, intermediate_size=704, num_hidden_layers=6, num_attention_heads=4,

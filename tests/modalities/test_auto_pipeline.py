@@ -238,11 +238,17 @@ def test_image_auto_equals_plain_greedy(tmp_path):
     assert "1" in record["verify_s"] and not {"2", "3", "5", "8", "10", "13"} & set(record["verify_s"])
 
 
-def test_speech_auto_equals_plain_greedy(tmp_path):
+def test_speech_auto_equals_plain_greedy(tmp_path, monkeypatch):
+    from specgen.modalities.speech import generator as speech
     from specgen.modalities.speech.generator import SpeechGenerator
 
+    # sentences short enough for the tiny model's 128 positions beside a calibration run
+    monkeypatch.setattr(speech, "CALIBRATION_TEXTS", ("a cat sat.", "go on"))
     target, draft, codec = save_tiny_speech_models(tmp_path, num_tokens=64)
     generator = SpeechGenerator(target, draft, codec)
     plain = generator.generate("hello there", method="ar", temperature=0, max_new_tokens=30)
     auto = generator.generate("hello there", temperature=0, max_new_tokens=30)
     assert auto.tokens == plain.tokens and "sd" in auto.stats["auto"]["initial"]["predicted"]
+    # the priors come from the model's example and calibration sentences, one run each, not from this request
+    record = calibration.load(calibration.machine_key("speech", auto_pipeline.calibration_paths(generator)))
+    assert len(record["prior"]["sd"]["speedups"]) == len(generator.calibration_prompts()) == 3

@@ -310,7 +310,7 @@ def test_gemma_derived_drafts_load_only_with_the_extra(tmp_path, monkeypatch, ca
 
 
 @pytest.mark.skipif(os.environ.get("SPECGEN_GEMMA_TESTS") != "1" or not gemma.extra_installed(),
-                    reason="converts the real Gemma 3 270M (gemma extra, ~2 minutes): set SPECGEN_GEMMA_TESTS=1")
+                    reason="converts the real Gemma 3 270M (gemma extra, about a minute): set SPECGEN_GEMMA_TESTS=1")
 def test_real_gemma_converts_and_windows_are_bitwise_plain_decoding():
     model = gemma.load_served(gemma.resolve())
     assert window_mismatches(model, windows=(2, 4, 8)) == 0
