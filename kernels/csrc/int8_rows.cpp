@@ -1,4 +1,4 @@
-#include <torch/extension.h>
+#include "torch_lean.h"
 #include <immintrin.h>
 
 static inline float hsum(__m256 v) {

@@ -1,4 +1,4 @@
-#include <torch/extension.h>
+#include "torch_lean.h"
 #include <immintrin.h>
 #include <cmath>
 #include <vector>

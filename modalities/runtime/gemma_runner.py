@@ -22,7 +22,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from specgen.kernels import decode_step, gemma_layer, query_attention
+from specgen.kernels import cpu_build, decode_step, gemma_layer, int8_rows, query_attention
 from specgen.modalities.runtime.int8_linear import Int8Linear
 
 SUPPORTED = ("gemma3_text",)
@@ -63,6 +63,8 @@ def _fused_layers(model) -> list[tuple]:
 class GemmaRunner:
     def __init__(self, model):
         config, body = model.config, model.model
+        if cpu_build.on_cpu(model):  # a machine without the kernels compiles all four at once
+            cpu_build.build_side_by_side(int8_rows.load, gemma_layer.load, query_attention.load, decode_step.load)
         self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         self.embed, self.rotary, self.lm_head = body.embed_tokens, body.rotary_emb, model.lm_head
         self.final_norm = _norm(body.norm)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen import settings
-from specgen.kernels import decode_step, query_attention
+from specgen.kernels import cpu_build, decode_step, query_attention
 
 SUPPORTED = ("llama",)
 
@@ -33,6 +33,8 @@ class LlamaRunner:
 
     def __init__(self, model, int8_head: bool = False, matmul_dtype: torch.dtype | None = None):
         config, body = model.config, model.model
+        if cpu_build.on_cpu(model):  # a machine without the kernels compiles both at once
+            cpu_build.build_side_by_side(decode_step.load, query_attention.load)
         # `matmul_dtype` (bfloat16): the linear layers' weights and inputs in that dtype, their outputs and
         # everything else (norms, rope, attention, residuals) in the model's own
         self.matmul_dtype = matmul_dtype

@@ -1,11 +1,13 @@
-"""A build killed mid-way leaves torch's lock file behind, and torch then waits on it at every later load: the
-builder removes a lock older than any build takes, and leaves a fresh one (a build running elsewhere) alone."""
+"""The C++ kernels' builder. A build killed mid-way leaves torch's lock file behind, and torch then waits on it at
+every later load: the builder removes a lock older than any build takes, and leaves a fresh one (a build running
+elsewhere) alone. Kernels a runner needs build side by side."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -56,3 +58,23 @@ def test_sources_name_no_folder_so_a_wheel_and_a_checkout_share_one_build():
     header = (cpu_build.CSRC / "row_norm.h").read_text().replace("#pragma once\n", "")
     assert text.count(header) == 1
     assert str(cpu_build.CSRC) not in text
+
+
+def test_kernels_build_side_by_side(monkeypatch):
+    """Every `load` runs at once, on a thread of its own: each waits at a barrier the others must reach too, which
+    loads called one after another never do (the barrier times out and the test fails)."""
+    monkeypatch.setattr(cpu_build, "buildable", lambda: True)
+    barrier = threading.Barrier(3, timeout=10)
+    loaded = []
+
+    def load():
+        barrier.wait()
+        loaded.append(threading.get_ident())
+
+    cpu_build.build_side_by_side(load, load, load)
+    assert len(set(loaded)) == 3
+
+
+def test_nothing_builds_where_the_kernels_cannot(monkeypatch):
+    monkeypatch.setattr(cpu_build, "buildable", lambda: False)
+    cpu_build.build_side_by_side(lambda: pytest.fail("a load ran where no kernel can build"))
