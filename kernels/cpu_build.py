@@ -2,11 +2,12 @@
 
 `build` compiles the named files (concatenated in order, csrc/'s headers written in where they are first included)
 into a torch extension once per machine, against the few torch headers the kernels use (csrc/torch_lean.h; the
-whole of <torch/extension.h>, which load_inline would put first, took 38 s of a 44 s build): the module name hashes that text and the compile flags, so torch's
-extension cache rebuilds exactly when one of them changes. Nothing names the folder the sources came from, so an
-installed wheel and a checkout share one build (with csrc/ on the include path, torch saw the other's build as
-changed and rebuilt it each time either ran, a minute each). Where the CPU lacks AVX2/FMA, no compiler or ninja is
-found, or the kernel's switch setting is "off", it returns None and the caller keeps its torch path.
+whole of <torch/extension.h>, which load_inline would put first, took 38 s of a 44 s build): the module name hashes
+that text and the compile flags, so torch's extension cache rebuilds exactly when one of them changes. Nothing
+names the folder the sources came from, so an installed wheel and a checkout share one build (with csrc/ on the
+include path, torch saw the other's build as changed and rebuilt it each time either ran, a minute each). Where
+the CPU lacks AVX2/FMA, no compiler or ninja is found, or the kernel's switch setting is "off", it returns None
+and the caller keeps its torch path.
 """
 
 from __future__ import annotations
@@ -133,12 +134,17 @@ def on_cpu(model) -> bool:
     return first is not None and first.device.type == "cpu"
 
 
+_CALLED: set[Callable[[], object]] = set()  # the loads `build_side_by_side` has run (each keeps its module)
+
+
 def build_side_by_side(*loads: Callable[[], object]) -> None:
     """Call each kernel module's `load` on a thread of its own. Where the kernels are not built yet, their compilers
     run at once, one per kernel, rather than one after another as the first forward reaches each (Gemma's four: 83 s
-    one after another, 51 s side by side on 2 cores); built ones load in milliseconds. Each `load` keeps its module,
-    so later calls return it."""
-    if not buildable():
+    one after another, 51 s side by side on 2 cores). Each `load` keeps its module, so a load already run here is
+    not run again: runners are made per request, and a pool of threads costs about 1 ms."""
+    todo = [load for load in loads if load not in _CALLED]
+    if not todo or not buildable():
         return
-    with ThreadPoolExecutor(max_workers=len(loads)) as pool:
-        list(pool.map(lambda load: load(), loads))
+    with ThreadPoolExecutor(max_workers=len(todo)) as pool:
+        list(pool.map(lambda load: load(), todo))
+    _CALLED.update(todo)

@@ -64,7 +64,8 @@ class GemmaRunner:
     def __init__(self, model):
         config, body = model.config, model.model
         if cpu_build.on_cpu(model):  # a machine without the kernels compiles all four at once
-            cpu_build.build_side_by_side(int8_rows.load, gemma_layer.load, query_attention.load, decode_step.load)
+            cpu_build.build_side_by_side(int8_rows.load, gemma_layer.load, query_attention.load,
+                                         decode_step.load)
         self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         self.embed, self.rotary, self.lm_head = body.embed_tokens, body.rotary_emb, model.lm_head
         self.final_norm = _norm(body.norm)

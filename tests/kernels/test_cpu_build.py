@@ -64,6 +64,7 @@ def test_kernels_build_side_by_side(monkeypatch):
     """Every `load` runs at once, on a thread of its own: each waits at a barrier the others must reach too, which
     loads called one after another never do (the barrier times out and the test fails)."""
     monkeypatch.setattr(cpu_build, "buildable", lambda: True)
+    monkeypatch.setattr(cpu_build, "_CALLED", set())
     barrier = threading.Barrier(3, timeout=10)
     loaded = []
 
@@ -78,3 +79,21 @@ def test_kernels_build_side_by_side(monkeypatch):
 def test_nothing_builds_where_the_kernels_cannot(monkeypatch):
     monkeypatch.setattr(cpu_build, "buildable", lambda: False)
     cpu_build.build_side_by_side(lambda: pytest.fail("a load ran where no kernel can build"))
+
+
+def test_a_load_runs_once_side_by_side(monkeypatch):
+    """Runners are made per request: a load already run is not run again (nor is a thread started for it)."""
+    monkeypatch.setattr(cpu_build, "buildable", lambda: True)
+    monkeypatch.setattr(cpu_build, "_CALLED", set())
+    calls = []
+
+    def first():
+        calls.append("first")
+
+    def second():
+        calls.append("second")
+
+    cpu_build.build_side_by_side(first)
+    cpu_build.build_side_by_side(first, second)
+    cpu_build.build_side_by_side(first, second)
+    assert calls == ["first", "second"]
